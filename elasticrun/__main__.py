@@ -1,0 +1,3 @@
+from elasticrun.cli import main
+
+main()

@@ -1,0 +1,203 @@
+"""The `elasticrun` command: click options -> DriverConfig -> asyncio.run(Driver.run())."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from pathlib import Path
+
+import click
+
+from elasticrun.config import DriverConfig
+from elasticrun.discovery import HostDiscovery, HostfileDiscovery, ScriptDiscovery, StaticDiscovery
+from elasticrun.discovery.parsing import parse_hosts_flag
+from elasticrun.driver.driver import Driver
+from elasticrun.driver.output import OutputRouter
+from elasticrun.errors import ConfigError, DiscoveryError, ElasticrunError
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+class _LogFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        level = "" if record.levelno == logging.INFO else f"{record.levelname.lower()}: "
+        return f"elasticrun: {level}{record.getMessage()}"
+
+
+def _positive(_ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    if value is not None and value <= 0:
+        raise click.BadParameter(f"must be positive, got {value}")
+    return value
+
+
+@click.command(context_settings={**CONTEXT, "allow_interspersed_args": False})
+@click.option("-np", "--num-proc", "np", type=click.IntRange(min=1),
+              help="Number of worker processes to start with [default: --min-np, or all slots "
+                   "of -H/--hostfile].")
+@click.option("--min-np", type=click.IntRange(min=1),
+              help="Fewest workers the job may run with; makes the job elastic.")
+@click.option("--max-np", type=click.IntRange(min=1),
+              help="Most workers the job may grow to [default: -np, or no limit when elastic].")
+@click.option("-H", "--hosts", "hosts", metavar="HOST:SLOTS,...",
+              help="Fixed host list, e.g. 'node1:4,node2:4'. Default: localhost:<np>.")
+@click.option("--hostfile", type=click.Path(path_type=Path),
+              help="File with one 'host:slots' or 'host slots=N' per line; re-read while running.")
+@click.option("--host-discovery-script", "discovery_script", type=click.Path(path_type=Path),
+              help="Executable printing the current hosts, one 'host:slots' per line.")
+@click.option("--discovery-interval", type=float, default=1.0, show_default=True,
+              callback=_positive, help="Seconds between discovery polls.")
+@click.option("--discovery-timeout", type=float, default=10.0, show_default=True,
+              callback=_positive, help="Seconds a discovery script may run before it is killed.")
+@click.option("--slots-per-host", type=click.IntRange(min=1),
+              help="Slots of a host listed without a count [default: 1].")
+@click.option("--start-timeout", type=float, default=30.0, show_default=True, callback=_positive,
+              help="Seconds to wait for -np slots at start, and for all workers of a round "
+                   "to check in.")
+@click.option("--elastic-timeout", type=float, default=600.0, show_default=True,
+              callback=_positive, help="Seconds to wait for --min-np slots after a failure.")
+@click.option("--reset-limit", type=click.IntRange(min=0),
+              help="Most resets (rounds after the first) the job may take [default: no limit].")
+@click.option("--blacklist-cooldown-range", type=(float, float), metavar="MIN MAX",
+              help="A failed host may return after a growing cooldown of MIN..MAX seconds "
+                   "[default: failed hosts never return].")
+@click.option("--collective-timeout", type=float, default=60.0, show_default=True,
+              callback=_positive, help="Seconds a collective may block before it counts "
+                                       "as a failure.")
+@click.option("--network-interface", metavar="IFACE",
+              help="Network interface for Gloo traffic between workers (GLOO_SOCKET_IFNAME).")
+@click.option("--output-filename", type=click.Path(path_type=Path), metavar="DIR",
+              help="Also append each rank's output to DIR/rank.N/stdout and .../stderr.")
+@click.option("--prefix-output-with-timestamp", is_flag=True,
+              help="Start each forwarded output line with a timestamp.")
+@click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"],
+                                               case_sensitive=False),
+              default="INFO", show_default=True, help="Verbosity of elasticrun's own messages.")
+@click.option("--verbose", "-v", is_flag=True, help="Same as --log-level DEBUG.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED,
+                metavar="COMMAND [ARGS]...")
+@click.version_option(package_name="elasticrun")
+def cli(**options: object) -> None:
+    """Runs COMMAND as an elastic data-parallel job.
+
+    \b
+    Examples:
+      elasticrun -np 2 python train.py
+      elasticrun -np 4 -H node1:2,node2:2 python train.py
+      elasticrun -np 4 --min-np 2 --host-discovery-script ./hosts.sh python train.py
+    """
+    verbose = bool(options.pop("verbose"))
+    level = "DEBUG" if verbose else str(options.pop("log_level")).upper()
+    options.pop("log_level", None)
+    _setup_logging(level)
+    config = build_config(**options)  # type: ignore[arg-type]
+    discovery = build_discovery(config)
+    output = OutputRouter(sys.stdout.buffer, sys.stderr.buffer, config.output_filename,
+                          config.prefix_timestamp)
+    try:
+        code = asyncio.run(Driver(config, discovery, output).run())
+    finally:
+        output.close()
+    sys.exit(code)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: every error the user can cause ends as one line on stderr, no traceback."""
+    try:
+        cli.main(args=argv, prog_name="elasticrun", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        click.echo(f"elasticrun: error: {exc.format_message()}", err=True)
+        sys.exit(exc.exit_code)
+    except (ConfigError, DiscoveryError) as exc:
+        click.echo(f"elasticrun: error: {exc}", err=True)
+        sys.exit(2)
+    except ElasticrunError as exc:
+        click.echo(f"elasticrun: error: {exc}", err=True)
+        sys.exit(1)
+    except click.Abort:
+        click.echo("elasticrun: aborted", err=True)
+        sys.exit(130)
+
+
+def build_config(
+    command: tuple[str, ...],
+    np: int | None,
+    min_np: int | None,
+    max_np: int | None,
+    hosts: str | None,
+    hostfile: Path | None,
+    discovery_script: Path | None,
+    discovery_interval: float,
+    discovery_timeout: float,
+    slots_per_host: int | None,
+    start_timeout: float,
+    elastic_timeout: float,
+    reset_limit: int | None,
+    blacklist_cooldown_range: tuple[float, float] | None,
+    collective_timeout: float,
+    network_interface: str | None,
+    output_filename: Path | None,
+    prefix_output_with_timestamp: bool,
+) -> DriverConfig:
+    default_slots = slots_per_host or 1
+    static_hosts = None
+    if hosts is not None:
+        try:
+            static_hosts = tuple(parse_hosts_flag(hosts, default_slots).items())
+        except ValueError as exc:
+            raise ConfigError(f"-H/--hosts: {exc}") from None
+    if np is None:
+        if min_np is not None:
+            np = min_np
+        elif static_hosts is not None:
+            np = sum(slots for _, slots in static_hosts)
+        else:
+            raise ConfigError("-np is required unless -H/--hosts or --min-np is given")
+    if static_hosts is None and hostfile is None and discovery_script is None:
+        static_hosts = (("localhost", np),)
+    elastic = min_np is not None or discovery_script is not None
+    if max_np is None and not elastic:
+        max_np = np
+    return DriverConfig(
+        command=tuple(command),
+        np=np,
+        min_np=min_np if min_np is not None else np,
+        max_np=max_np,
+        hosts=static_hosts,
+        hostfile=hostfile,
+        discovery_script=discovery_script,
+        discovery_interval=discovery_interval,
+        discovery_timeout=discovery_timeout,
+        slots_per_host=slots_per_host,
+        start_timeout=start_timeout,
+        elastic_timeout=elastic_timeout,
+        reset_limit=reset_limit,
+        blacklist_cooldown=blacklist_cooldown_range,
+        collective_timeout=collective_timeout,
+        network_interface=network_interface,
+        output_filename=output_filename,
+        prefix_timestamp=prefix_output_with_timestamp,
+    )
+
+
+def build_discovery(config: DriverConfig) -> HostDiscovery:
+    default_slots = config.slots_per_host or 1
+    if config.discovery_script is not None:
+        script = ScriptDiscovery(config.discovery_script, default_slots, config.discovery_timeout)
+        script.check()
+        return script
+    if config.hostfile is not None:
+        return HostfileDiscovery(config.hostfile, default_slots)
+    assert config.hosts is not None
+    return StaticDiscovery(dict(config.hosts))
+
+
+def _setup_logging(level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_LogFormatter())
+    root = logging.getLogger("elasticrun")
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    root.propagate = False

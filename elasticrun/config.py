@@ -1,0 +1,68 @@
+"""Every setting of a job, as frozen dataclasses. The CLI only fills these in."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from elasticrun.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class DriverConfig:
+    command: tuple[str, ...]
+    np: int
+    min_np: int
+    max_np: int | None
+    hosts: tuple[tuple[str, int], ...] | None = None
+    hostfile: Path | None = None
+    discovery_script: Path | None = None
+    discovery_interval: float = 1.0
+    discovery_timeout: float = 10.0
+    slots_per_host: int | None = None
+    start_timeout: float = 30.0
+    elastic_timeout: float = 600.0
+    reset_limit: int | None = None
+    blacklist_cooldown: tuple[float, float] | None = None
+    collective_timeout: float = 60.0
+    network_interface: str | None = None
+    output_filename: Path | None = None
+    prefix_timestamp: bool = False
+    stop_grace_period: float = 5.0
+    working_dir: Path = field(default_factory=Path.cwd)
+
+    @property
+    def elastic(self) -> bool:
+        """A job is elastic when its membership may change: discovery, or a range of sizes."""
+        return self.discovery_script is not None or self.min_np != self.np or self.max_np != self.np
+
+    @property
+    def dynamic_hosts(self) -> bool:
+        """Whether the host set can change while the job runs."""
+        return self.discovery_script is not None
+
+    def __post_init__(self) -> None:
+        if not self.command:
+            raise ConfigError("no command given: expected 'elasticrun [OPTIONS] COMMAND [ARGS]...'")
+        if self.np < 1:
+            raise ConfigError(f"-np must be at least 1, got {self.np}")
+        if self.min_np < 1 or self.min_np > self.np:
+            raise ConfigError(f"--min-np must be between 1 and -np ({self.np}), got {self.min_np}")
+        if self.max_np is not None and self.max_np < self.np:
+            raise ConfigError(f"--max-np must be at least -np ({self.np}), got {self.max_np}")
+        sources = [s for s in (self.hosts, self.hostfile, self.discovery_script) if s is not None]
+        if len(sources) > 1:
+            raise ConfigError("give only one of -H/--hosts, --hostfile, --host-discovery-script")
+        for name in ("discovery_interval", "discovery_timeout", "start_timeout",
+                     "elastic_timeout", "collective_timeout"):
+            if getattr(self, name) <= 0:
+                flag = "--" + name.replace("_", "-")
+                raise ConfigError(f"{flag} must be positive, got {getattr(self, name)}")
+        if self.reset_limit is not None and self.reset_limit < 0:
+            raise ConfigError(f"--reset-limit must be 0 or more, got {self.reset_limit}")
+        if self.blacklist_cooldown is not None:
+            low, high = self.blacklist_cooldown
+            if low < 0 or high < low:
+                raise ConfigError(
+                    f"--blacklist-cooldown-range expects 0 <= MIN <= MAX, got {low} {high}"
+                )

@@ -1,0 +1,112 @@
+"""Pure parsing of host lists: discovery output, hostfiles and the -H flag.
+
+Accepted forms, one host per line (or comma-separated for -H):
+  host              default slots
+  host:4            4 slots
+  host slots=4      hostfile (MPI) style
+  [fe80::1]:4       IPv6 with slots; [fe80::1] or a bare fe80::1 take default slots
+Blank lines and `#` comments are ignored. A host listed twice keeps its first
+position and takes the slots of its last line.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+
+from elasticrun.discovery.base import HostSlots
+from elasticrun.errors import DiscoveryError
+
+_NAME = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9._-]*[A-Za-z0-9_])?$")
+_SLOTS_KEYWORD = re.compile(r"^(?:max_)?slots=(\S+)$")
+MAX_SLOTS_PER_HOST = 4096
+
+
+def format_host(host: str) -> str:
+    """How a host is written next to a port or slot count: IPv6 addresses get brackets."""
+    return f"[{host}]" if ":" in host else host
+
+
+def parse_host_lines(text: str, default_slots: int, source: str) -> HostSlots:
+    """Parses newline-separated host entries. Raises DiscoveryError naming source and line."""
+    hosts: HostSlots = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        try:
+            host, slots = parse_host_entry(line, default_slots)
+        except ValueError as exc:
+            raise DiscoveryError(f"{source}: line {number}: {_shorten(line)!r}: {exc}") from None
+        hosts[host] = slots
+    return hosts
+
+
+def parse_hosts_flag(value: str, default_slots: int) -> HostSlots:
+    """Parses -H/--hosts: comma-separated entries. Raises ValueError with the bad entry."""
+    hosts: HostSlots = {}
+    for entry in value.split(","):
+        entry = entry.strip()
+        if not entry:
+            continue
+        try:
+            host, slots = parse_host_entry(entry, default_slots)
+        except ValueError as exc:
+            raise ValueError(f"{_shorten(entry)!r}: {exc}") from None
+        hosts[host] = slots
+    if not hosts:
+        raise ValueError("no hosts given; expected host:slots[,host:slots...]")
+    return hosts
+
+
+def parse_host_entry(entry: str, default_slots: int) -> tuple[str, int]:
+    """One entry -> (host, slots). Raises ValueError saying what was expected."""
+    words = entry.split()
+    if len(words) == 2:
+        match = _SLOTS_KEYWORD.match(words[1])
+        if not match:
+            raise ValueError("expected 'host slots=N' or 'host:N'")
+        return _check_host(words[0]), _parse_slots(match.group(1))
+    if len(words) != 1:
+        raise ValueError("expected one host per entry, like 'host:slots'")
+    if entry.startswith("["):
+        address, sep, rest = entry[1:].partition("]")
+        if not sep:
+            raise ValueError("missing ']' after IPv6 address")
+        if rest and not rest.startswith(":"):
+            raise ValueError("expected '[address]:slots'")
+        slots = _parse_slots(rest[1:]) if rest else default_slots
+        return _check_ip6(address), slots
+    if entry.count(":") > 1:
+        return _check_ip6(entry), default_slots
+    host, sep, slots_text = entry.partition(":")
+    slots = _parse_slots(slots_text) if sep else default_slots
+    return _check_host(host), slots
+
+
+def _parse_slots(text: str) -> int:
+    if not re.fullmatch(r"[0-9]+", text):
+        raise ValueError(f"slots must be a whole number >= 0, got {_shorten(text)!r}")
+    slots = int(text)
+    if slots > MAX_SLOTS_PER_HOST:
+        raise ValueError(f"slots must be at most {MAX_SLOTS_PER_HOST}, got {slots}")
+    return slots
+
+
+def _check_host(host: str) -> str:
+    if not host:
+        raise ValueError("empty host name")
+    if _NAME.match(host) and len(host) <= 253:
+        return host
+    raise ValueError("not a valid host name or address")
+
+
+def _check_ip6(address: str) -> str:
+    try:
+        return str(ipaddress.IPv6Address(address))
+    except ValueError:
+        raise ValueError(f"not a valid IPv6 address: {_shorten(address)!r}") from None
+
+
+def _shorten(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,1 @@
+"""The launcher side: one asyncio process that never imports torch."""

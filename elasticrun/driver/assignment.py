@@ -1,0 +1,69 @@
+"""Pure assignment: ordered hosts with slots -> ranks, stable across rounds.
+
+Ranks are filled host by host in host order. Hosts that held workers in the last
+round come first, in their old order, and new hosts are appended, so the oldest
+surviving host holds rank 0 and rank 0 always has the committed state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from elasticrun.protocol import SlotInfo
+
+
+@dataclass(frozen=True, order=True)
+class SlotId:
+    """A place for one worker: a host and the index of the slot on it (its local rank)."""
+
+    host: str
+    index: int
+
+    def __str__(self) -> str:
+        return f"{self.host}[{self.index}]"
+
+
+Assignment = dict[SlotId, SlotInfo]
+
+
+def order_hosts(previous: Sequence[str], available: Iterable[str]) -> list[str]:
+    """Hosts of the previous round first (keeping their order), then the rest as given."""
+    available = list(available)
+    present = set(available)
+    kept = [host for host in previous if host in present]
+    kept_set = set(kept)
+    return kept + [host for host in available if host not in kept_set]
+
+
+def assign(hosts: Sequence[tuple[str, int]], max_size: int | None = None) -> Assignment:
+    """Gives ranks host by host; at most `max_size` slots in all. Hosts with 0 slots get none."""
+    per_host: list[tuple[str, int]] = []
+    remaining = max_size if max_size is not None else sum(max(s, 0) for _, s in hosts)
+    for host, slots in hosts:
+        take = min(max(slots, 0), remaining)
+        if take > 0:
+            per_host.append((host, take))
+            remaining -= take
+    size = sum(take for _, take in per_host)
+    result: Assignment = {}
+    rank = 0
+    for host, take in per_host:
+        for local_rank in range(take):
+            peers = [h for h, t in per_host if t > local_rank]
+            result[SlotId(host, local_rank)] = SlotInfo(
+                hostname=host,
+                rank=rank,
+                size=size,
+                local_rank=local_rank,
+                local_size=take,
+                cross_rank=peers.index(host),
+                cross_size=len(peers),
+            )
+            rank += 1
+    return result
+
+
+def hosts_in_rank_order(assignment: Assignment) -> list[str]:
+    ordered = sorted(assignment.items(), key=lambda item: item[1].rank)
+    return list(dict.fromkeys(slot.host for slot, _ in ordered))

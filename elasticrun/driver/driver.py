@@ -1,0 +1,500 @@
+"""The control loop: decides rounds from host and worker state, and carries the decisions out.
+
+One asyncio process, no torch. Policy lives in assignment.py and hosts.py; this module
+reacts to events (worker exits, workers asking for a new round, discovery results,
+timers) and turns them into rounds, spawns, stops and the job's result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from elasticrun import protocol
+from elasticrun.config import DriverConfig
+from elasticrun.discovery.base import HostDiscovery, HostSlots
+from elasticrun.discovery.parsing import format_host
+from elasticrun.driver.assignment import (
+    Assignment,
+    SlotId,
+    assign,
+    hosts_in_rank_order,
+    order_hosts,
+)
+from elasticrun.driver.hosts import HostRegistry
+from elasticrun.driver.output import OutputRouter
+from elasticrun.driver.rendezvous import Rendezvous
+from elasticrun.driver.workers import (
+    EnvSettings,
+    Worker,
+    WorkerState,
+    describe_exit,
+    launcher_env,
+    new_worker_id,
+    worker_env,
+)
+from elasticrun.errors import DiscoveryError, ElasticrunError, JobFailedError, SpawnError
+from elasticrun.spawn.base import Spawner, is_local_host, local_names
+from elasticrun.spawn.local import LocalSpawner
+
+log = logging.getLogger("elasticrun.driver")
+
+FAILURE_COALESCE_S = 0.05  # let a whole host's exits arrive before the next round is cut
+UNEXPLAINED_RESET_GRACE_S = 0.5  # a worker saw a failure the driver has not seen yet
+EXIT_CODE_SIGINT = 130
+EXIT_CODE_SIGTERM = 143
+
+
+class Driver:
+    def __init__(
+        self,
+        config: DriverConfig,
+        discovery: HostDiscovery,
+        output: OutputRouter,
+        spawner_for: Callable[[str], Spawner] | None = None,
+        base_env: Mapping[str, str] | None = None,
+    ) -> None:
+        self._config = config
+        self._discovery = discovery
+        self._output = output
+        self._local_names = local_names()
+        local = LocalSpawner()
+        self._spawner_for = spawner_for or (lambda host: local)
+        self._base_env = dict(base_env) if base_env is not None else None
+        self._registry = HostRegistry(config.blacklist_cooldown)
+        self._secret = protocol.new_secret()
+        self._rendezvous = Rendezvous(self._secret, self)
+        self._workers: dict[str, Worker] = {}
+        self._round_number = 0
+        self._assignment: Assignment = {}
+        self._notified: Assignment | None = None
+        self._reset_requests: set[str] = set()
+        self._first_failure: str | None = None
+        self._finishing = False
+        self._stopping = False
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._env_settings: EnvSettings | None = None
+        self._started_at = time.monotonic()
+
+    # --- lifecycle ----------------------------------------------------------------------
+    async def run(self) -> int:
+        """Runs the job to its end. Returns the exit code; raises ElasticrunError on failure."""
+        loop = asyncio.get_running_loop()
+        self._finished: asyncio.Future[int] = loop.create_future()
+        self._reround = asyncio.Event()
+        self._reround_changed = asyncio.Event()
+        self._reround_at = 0.0
+        self._hosts_changed = asyncio.Event()
+        for sig, code in ((signal.SIGINT, EXIT_CODE_SIGINT), (signal.SIGTERM, EXIT_CODE_SIGTERM)):
+            loop.add_signal_handler(sig, self._interrupted, sig, code)
+        try:
+            await self._start()
+            return await self._finished
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+            await self._shutdown()
+
+    async def _start(self) -> None:
+        self._registry.update(await self._discovery.find_hosts())
+        all_local = not self._config.dynamic_hosts and all(
+            self._is_local(host) for host in self._registry.discovered)
+        bind, advertised = ("127.0.0.1", "127.0.0.1") if all_local else ("0.0.0.0", _own_address())
+        port = await self._rendezvous.start(bind)
+        self._env_settings = EnvSettings(
+            rendezvous_addr=advertised,
+            rendezvous_port=port,
+            secret=self._secret,
+            collective_timeout=self._config.collective_timeout,
+            round_timeout=self._config.start_timeout + self._config.elastic_timeout,
+            gloo_interface=self._config.network_interface or ("lo" if all_local else None),
+        )
+        log.debug("rendezvous server on %s:%d", bind, port)
+        await self._wait_for_start()
+        self._run_task(self._round_manager())
+        self._run_task(self._discovery_loop())
+        self._request_reround(0.0)
+
+    async def _shutdown(self) -> None:
+        self._stopping = True
+        for task in list(self._tasks):
+            task.cancel()
+        alive = [w for w in self._workers.values() if w.alive and w.process is not None]
+        if alive:
+            log.info("stopping %d worker(s)", len(alive))
+        grace = self._config.stop_grace_period
+        await asyncio.gather(*(w.process.stop(grace) for w in alive if w.process),
+                             return_exceptions=True)
+        watchers = [w.watcher for w in self._workers.values() if w.watcher is not None]
+        if watchers:
+            await asyncio.wait(watchers, timeout=grace + 5.0)
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._rendezvous.stop()
+
+    def _interrupted(self, sig: int, code: int) -> None:
+        log.warning("received %s; stopping the job", signal.Signals(sig).name)
+        self._finish(code)
+
+    def _finish(self, code: int) -> None:
+        if not self._finished.done():
+            self._finished.set_result(code)
+
+    def _fail(self, message: str) -> None:
+        if not self._finished.done():
+            self._finished.set_exception(JobFailedError(message))
+
+    def _run_task(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+
+        def done(t: asyncio.Task[Any]) -> None:
+            self._tasks.discard(t)
+            if not t.cancelled() and t.exception() is not None:
+                exc = t.exception()
+                if isinstance(exc, ElasticrunError):
+                    self._fail(str(exc))
+                else:
+                    log.error("internal error", exc_info=exc)
+                    self._fail(f"internal error: {exc!r}")
+
+        task.add_done_callback(done)
+
+    # --- hosts ----------------------------------------------------------------------------
+    def _is_local(self, host: str) -> bool:
+        return is_local_host(host, self._local_names)
+
+    async def _wait_for_start(self) -> None:
+        config = self._config
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + config.start_timeout
+        while True:
+            total = sum(self._registry.usable(time.monotonic()).values())
+            if total >= config.np:
+                return
+            if not config.dynamic_hosts or loop.time() >= deadline:
+                if config.elastic and total >= config.min_np:
+                    return
+                waited = (f" after --start-timeout {config.start_timeout:g}s"
+                          if config.dynamic_hosts else "")
+                raise JobFailedError(
+                    f"-np {config.np} needs {config.np} slots, but only {total} are available"
+                    f"{waited} (hosts: {_format_hosts(self._registry.discovered) or 'none'})")
+            await asyncio.sleep(min(config.discovery_interval, max(0.0, deadline - loop.time())))
+            await self._poll_discovery(first_error_fatal=False)
+
+    async def _discovery_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._config.discovery_interval)
+            await self._poll_discovery(first_error_fatal=False)
+            self._hosts_changed.set()
+            self._check_host_changes()
+
+    _last_discovery_error: str | None = None
+
+    async def _poll_discovery(self, first_error_fatal: bool) -> None:
+        try:
+            hosts = await self._discovery.find_hosts()
+        except DiscoveryError as exc:
+            if str(exc) != self._last_discovery_error:
+                log.warning("%s; keeping the last good host list", exc)
+                self._last_discovery_error = str(exc)
+            return
+        if self._last_discovery_error is not None:
+            log.info("%s answers again", self._discovery.describe())
+            self._last_discovery_error = None
+        if hosts != self._registry.discovered:
+            log.info("hosts now: %s", _format_hosts(hosts) or "none")
+            self._registry.update(hosts)
+
+    def _desired_assignment(self) -> Assignment:
+        usable = self._registry.usable(time.monotonic())
+        ordered = order_hosts(hosts_in_rank_order(self._assignment), usable)
+        return assign([(host, usable[host]) for host in ordered], self._config.max_np)
+
+    def _check_host_changes(self) -> None:
+        """Notifies the rank-0 coordinator when the hosts would give a different round."""
+        if self._finishing or self._round_number == 0 or self._reround.is_set():
+            return
+        desired = self._desired_assignment()
+        if desired == self._assignment or desired == self._notified:
+            return
+        if len(desired) < self._config.min_np:
+            log.warning("hosts changed, but %d slot(s) are fewer than --min-np %d; "
+                        "training continues on the current hosts", len(desired),
+                        self._config.min_np)
+            return
+        self._notified = desired
+        seq = self._rendezvous.post_notice()
+        log.info("hosts changed: next round would have world size %d; notified workers "
+                 "(notice %d)", len(desired), seq)
+
+    # --- rounds -----------------------------------------------------------------------------
+    def _request_reround(self, delay: float) -> None:
+        at = asyncio.get_running_loop().time() + delay
+        if not self._reround.is_set() or at < self._reround_at:
+            self._reround_at = at
+            self._reround.set()
+            self._reround_changed.set()
+
+    async def _round_manager(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._reround.wait()
+            while (remaining := self._reround_at - loop.time()) > 0:
+                self._reround_changed.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._reround_changed.wait(), remaining)
+            self._reround.clear()
+            if self._finishing or self._finished.done():
+                return
+            await self._open_round()
+
+    async def _open_round(self) -> None:
+        assignment = await self._wait_for_capacity()
+        if assignment is None:
+            return
+        number = self._round_number + 1
+        limit = self._config.reset_limit
+        if number > 1 and limit is not None and number - 1 > limit:
+            self._fail(f"reset limit {limit} reached: another reset was needed"
+                       f"{self._root_cause_suffix()}")
+            return
+        members: dict[SlotId, str] = {}
+        new_slots: list[SlotId] = []
+        for slot in assignment:
+            holder = self._live_member(slot)
+            if holder is not None:
+                members[slot] = holder.id
+            else:
+                members[slot] = new_worker_id(slot)
+                new_slots.append(slot)
+        self._round_number = number
+        self._assignment = assignment
+        self._notified = None
+        self._reset_requests.clear()
+        self._rendezvous.open_round(number, assignment, members)
+        log.info("round %d: world size %d on %s%s", number, len(assignment),
+                 _format_hosts(_slots_per_host(assignment)),
+                 f" ({len(new_slots)} new worker(s))" if number > 1 and new_slots else "")
+        master = self._master_endpoint(assignment)
+        for slot in new_slots:
+            await self._spawn(slot, members[slot], assignment, master)
+
+    async def _wait_for_capacity(self) -> Assignment | None:
+        """The next round's assignment once --min-np slots exist; None if the job failed."""
+        config = self._config
+        loop = asyncio.get_running_loop()
+        deadline: float | None = None
+        while True:
+            assignment = self._desired_assignment()
+            if len(assignment) >= config.min_np:
+                return assignment
+            now = time.monotonic()
+            discovered = self._registry.discovered
+            returning = self._registry.next_cooldown_end(now)
+            all_blacklisted = bool(discovered) and all(
+                self._registry.is_blacklisted(h, now) for h in discovered)
+            if returning is None and (not config.dynamic_hosts or all_blacklisted):
+                why = "all hosts are blacklisted" if all_blacklisted else (
+                    f"only {len(assignment)} slot(s) left, --min-np is {config.min_np}")
+                self._fail(f"no progress possible: {why}{self._root_cause_suffix()}")
+                return None
+            if deadline is None:
+                deadline = loop.time() + config.elastic_timeout
+                log.warning("waiting up to %gs (--elastic-timeout) for %d slot(s); %d available",
+                            config.elastic_timeout, config.min_np, len(assignment))
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                self._fail(f"elastic timeout: fewer than --min-np {config.min_np} slots for "
+                           f"{config.elastic_timeout:g}s{self._root_cause_suffix()}")
+                return None
+            if returning is not None:
+                remaining = min(remaining, max(0.01, returning - now))
+            self._hosts_changed.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._hosts_changed.wait(), remaining)
+
+    def _live_member(self, slot: SlotId) -> Worker | None:
+        for worker in self._workers.values():
+            if worker.slot == slot and worker.alive and worker.state is WorkerState.RUNNING:
+                return worker
+        return None
+
+    def _master_endpoint(self, assignment: Assignment) -> tuple[str, int]:
+        """MASTER_ADDR/MASTER_PORT for torchrun-style scripts: rank 0's host, a free port."""
+        rank0 = min(assignment.items(), key=lambda item: item[1].rank)[0].host
+        if self._is_local(rank0):
+            return "127.0.0.1", _free_port()
+        return rank0, _free_port()
+
+    # --- workers ------------------------------------------------------------------------------
+    async def _spawn(
+        self, slot: SlotId, worker_id: str, assignment: Assignment, master: tuple[str, int]
+    ) -> None:
+        info = assignment[slot]
+        worker = Worker(id=worker_id, slot=slot, rank=info.rank)
+        self._workers[worker_id] = worker
+        self._rendezvous.register_worker(worker_id, slot)
+        assert self._env_settings is not None
+        env = worker_env(self._base_env if self._base_env is not None else launcher_env(),
+                         self._env_settings, worker_id, info, *master)
+        try:
+            worker.process = await self._spawner_for(slot.host).spawn(
+                slot.host, self._config.command, env, self._config.working_dir)
+        except SpawnError as exc:
+            worker.exit_code = 127
+            worker.state = WorkerState.FAILED
+            self._rendezvous.forget_worker(worker_id)
+            self._record_failure(f"{exc} (on host {slot.host})")
+            self._fail_host(slot.host, str(exc))
+            return
+        if self._stopping:
+            await worker.process.stop(self._config.stop_grace_period)
+        worker.watcher = asyncio.get_running_loop().create_task(self._watch(worker))
+
+    async def _watch(self, worker: Worker) -> None:
+        process = worker.process
+        assert process is not None
+        pumps = [
+            asyncio.create_task(self._output.pump(process.stdout, "stdout", lambda: worker.rank)),
+            asyncio.create_task(self._output.pump(
+                process.stderr, "stderr", lambda: worker.rank, worker.stderr_tail)),
+        ]
+        code = await process.wait()
+        _, pending = await asyncio.wait(pumps, timeout=2.0)
+        for pump in pending:
+            pump.cancel()
+        self._on_worker_exit(worker, code)
+
+    def _on_worker_exit(self, worker: Worker, code: int) -> None:
+        worker.exit_code = code
+        self._rendezvous.forget_worker(worker.id)
+        if self._stopping or self._finished.done():
+            return
+        if worker.state in (WorkerState.RELEASED, WorkerState.STOPPING):
+            log.debug("worker %s (%s) ended after being stopped or released", worker.slot,
+                      describe_exit(code))
+            self._finish_if_done()
+            return
+        if code == 0:
+            worker.state = WorkerState.FINISHED
+            if worker.id in self._current_members():
+                self._finishing = True
+            self._finish_if_done()
+            return
+        worker.state = WorkerState.FAILED
+        cause = f"rank {worker.rank} on host {worker.slot.host} {describe_exit(code)}"
+        self._record_failure(cause, worker)
+        if self._finishing:
+            self._fail(f"{cause} after other workers had finished{self._root_cause_suffix()}")
+            return
+        self._fail_host(worker.slot.host, cause)
+
+    def _current_members(self) -> set[str]:
+        current = self._rendezvous.current_round
+        return set(current.members.values()) if current else set()
+
+    def _finish_if_done(self) -> None:
+        members = self._current_members()
+        if members and all(
+            (w := self._workers.get(wid)) is not None and w.state is WorkerState.FINISHED
+            for wid in members
+        ):
+            log.info("all %d worker(s) of round %d finished", len(members), self._round_number)
+            self._finish(0)
+
+    def _record_failure(self, cause: str, worker: Worker | None = None) -> None:
+        if self._first_failure is not None:
+            return
+        detail = cause
+        if worker is not None and worker.stderr_tail:
+            lines = "\n".join(f"    {line}" for line in worker.stderr_tail)
+            detail += f"; last lines of its stderr:\n{lines}"
+        self._first_failure = detail
+
+    def _root_cause_suffix(self) -> str:
+        return f"; first failure: {self._first_failure}" if self._first_failure else ""
+
+    def _fail_host(self, host: str, cause: str) -> None:
+        entry = self._registry.blacklist(host, time.monotonic())
+        until = "permanently" if entry.until is None else \
+            f"for {entry.until - time.monotonic():.1f}s"
+        log.warning("host %s failed (%s); blacklisted %s", host, cause, until)
+        for worker in self._workers.values():
+            if worker.slot.host == host and worker.alive and worker.process is not None and \
+                    worker.state in (WorkerState.RUNNING, WorkerState.RELEASED):
+                worker.state = WorkerState.STOPPING
+                self._run_task(worker.process.stop(self._config.stop_grace_period))
+        self._request_reround(FAILURE_COALESCE_S)
+
+    # --- RendezvousListener ----------------------------------------------------------------------
+    def barrier_started(self, round_number: int) -> None:
+        timeout = self._config.start_timeout
+        asyncio.get_running_loop().call_later(timeout, self._barrier_expired, round_number)
+
+    def _barrier_expired(self, round_number: int) -> None:
+        current = self._rendezvous.current_round
+        if self._stopping or current is None or current.number != round_number or current.complete:
+            return
+        for slot in current.missing():
+            worker = self._workers.get(current.members[slot])
+            if worker is None or not worker.alive or worker.state is not WorkerState.RUNNING:
+                continue
+            cause = (f"rank {current.assignment[slot].rank} on host {slot.host} did not join "
+                     f"round {round_number} within {self._config.start_timeout:g}s")
+            self._record_failure(cause, worker)
+            self._fail_host(slot.host, cause)
+
+    def reset_requested(self, worker_id: str, last_round: int) -> None:
+        if self._finishing or last_round < self._round_number:
+            return
+        current = self._rendezvous.current_round
+        self._reset_requests.add(worker_id)
+        if current is not None and (self._rendezvous.notice_seq > current.notice_seq
+                                    or set(current.members.values()) <= self._reset_requests):
+            self._request_reround(0.0)
+        else:
+            self._request_reround(UNEXPLAINED_RESET_GRACE_S)
+
+    def worker_released(self, worker_id: str) -> None:
+        worker = self._workers.get(worker_id)
+        if worker is not None and worker.state is WorkerState.RUNNING:
+            worker.state = WorkerState.RELEASED
+            log.info("worker %s has no place in round %d; it exits", worker.slot,
+                     self._round_number)
+
+    def worker_joined(self, worker_id: str, round_number: int, rank: int) -> None:
+        worker = self._workers.get(worker_id)
+        if worker is not None:
+            worker.rank = rank
+
+
+def _slots_per_host(assignment: Assignment) -> HostSlots:
+    counts: HostSlots = {}
+    for slot in sorted(assignment, key=lambda s: assignment[s].rank):
+        counts[slot.host] = counts.get(slot.host, 0) + 1
+    return counts
+
+
+def _format_hosts(hosts: HostSlots) -> str:
+    return ",".join(f"{format_host(h)}:{n}" for h, n in hosts.items())
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
+
+
+def _own_address() -> str:
+    try:
+        return socket.gethostbyname(socket.getfqdn())
+    except OSError:
+        return "127.0.0.1"
+

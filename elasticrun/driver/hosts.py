@@ -1,0 +1,76 @@
+"""The host registry: what discovery says, which hosts are blacklisted, and until when.
+
+Pure state and policy; the driver feeds it discovery results and failures, and the
+clock is passed in so that the cooldown policy is testable.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from elasticrun.discovery.base import HostSlots
+
+
+@dataclass
+class BlacklistEntry:
+    failures: int
+    until: float | None  # None: permanent
+
+
+class HostRegistry:
+    def __init__(
+        self,
+        cooldown_range: tuple[float, float] | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._discovered: HostSlots = {}
+        self._blacklist: dict[str, BlacklistEntry] = {}
+        self._cooldown_range = cooldown_range
+        self._rng = rng or random.Random()
+
+    @property
+    def discovered(self) -> HostSlots:
+        return dict(self._discovered)
+
+    def update(self, hosts: HostSlots) -> None:
+        self._discovered = dict(hosts)
+
+    def blacklist(self, host: str, now: float) -> BlacklistEntry:
+        """Marks a host failed. With a cooldown range it may return after an exponentially
+        growing, jittered delay within [MIN, MAX]; without one it never returns."""
+        previous = self._blacklist.get(host)
+        failures = previous.failures + 1 if previous else 1
+        until: float | None = None
+        if self._cooldown_range is not None:
+            low, high = self._cooldown_range
+            delay = min(high, low * (2 ** (failures - 1)))
+            delay = min(high, max(low, delay * self._rng.uniform(1.0, 1.5)))
+            until = now + delay
+        entry = BlacklistEntry(failures, until)
+        self._blacklist[host] = entry
+        return entry
+
+    def is_blacklisted(self, host: str, now: float) -> bool:
+        entry = self._blacklist.get(host)
+        return entry is not None and (entry.until is None or entry.until > now)
+
+    def blacklist_snapshot(self) -> dict[str, BlacklistEntry]:
+        return dict(self._blacklist)
+
+    def usable(self, now: float) -> HostSlots:
+        """Discovered hosts with slots that are not blacklisted now, in discovery order."""
+        return {
+            host: slots
+            for host, slots in self._discovered.items()
+            if slots > 0 and not self.is_blacklisted(host, now)
+        }
+
+    def next_cooldown_end(self, now: float) -> float | None:
+        """When the earliest blacklisted, discovered host comes back; None if none will."""
+        ends = [
+            entry.until
+            for host, entry in self._blacklist.items()
+            if entry.until is not None and entry.until > now and host in self._discovered
+        ]
+        return min(ends) if ends else None

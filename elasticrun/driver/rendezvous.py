@@ -1,0 +1,318 @@
+"""The driver's HTTP server (aiohttp): per-round slot assignment, the KV store, notices.
+
+Every request is signed with the job secret (see protocol.py); bodies are JSON objects
+of bounded size; a malformed or unauthenticated request gets a 4xx and changes nothing.
+The round decisions themselves are the driver's: this module only answers from the
+table the driver gives it and tells the driver what workers asked for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import json
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from aiohttp import web
+
+from elasticrun import protocol
+from elasticrun.driver.assignment import Assignment, SlotId
+from elasticrun.driver.kvstore import KVStore
+
+log = logging.getLogger("elasticrun.rendezvous")
+
+
+class RendezvousListener(Protocol):
+    """What the driver hears from the server."""
+
+    def barrier_started(self, round_number: int) -> None: ...
+
+    def reset_requested(self, worker_id: str, last_round: int) -> None: ...
+
+    def worker_released(self, worker_id: str) -> None: ...
+
+    def worker_joined(self, worker_id: str, round_number: int, rank: int) -> None: ...
+
+
+@dataclass
+class Round:
+    number: int
+    assignment: Assignment
+    members: dict[SlotId, str]  # slot -> worker id holding it
+    notice_seq: int
+    joined: set[str] = field(default_factory=set)
+    complete: bool = False
+
+    def missing(self) -> list[SlotId]:
+        return [slot for slot, worker in self.members.items() if worker not in self.joined]
+
+
+class BadRequest(Exception):
+    """The request is well signed but its content is not what the endpoint expects."""
+
+
+class Rendezvous:
+    def __init__(self, secret: str, listener: RendezvousListener) -> None:
+        self._secret = secret
+        self._listener = listener
+        self.store = KVStore()
+        self._workers: dict[str, SlotId] = {}
+        self._round: Round | None = None
+        self._notice_seq = 0
+        self._changed = asyncio.Event()
+        self._seen_nonces: OrderedDict[str, float] = OrderedDict()
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    # --- driver-facing -------------------------------------------------------------
+    @property
+    def current_round(self) -> Round | None:
+        return self._round
+
+    @property
+    def notice_seq(self) -> int:
+        return self._notice_seq
+
+    def register_worker(self, worker_id: str, slot: SlotId) -> None:
+        self._workers[worker_id] = slot
+
+    def forget_worker(self, worker_id: str) -> None:
+        self._workers.pop(worker_id, None)
+
+    def open_round(self, number: int, assignment: Assignment, members: dict[SlotId, str]) -> Round:
+        previous = self._round
+        self._round = Round(number, dict(assignment), dict(members), self._notice_seq)
+        if previous is not None:
+            self.store.delete_prefix(protocol.round_prefix(previous.number - 1))
+        self._wake()
+        return self._round
+
+    def post_notice(self) -> int:
+        """Tells the rank-0 coordinator that hosts changed; returns the new sequence number."""
+        self._notice_seq += 1
+        self._wake()
+        return self._notice_seq
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def _wait_change(self, deadline: float) -> bool:
+        event = self._changed
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        try:
+            await asyncio.wait_for(event.wait(), remaining)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    # --- server lifecycle ------------------------------------------------------------
+    async def start(self, host: str, port: int = 0) -> int:
+        app = web.Application(
+            client_max_size=protocol.MAX_BODY_BYTES, middlewares=[self._authenticate]
+        )
+        app.router.add_post(protocol.PATH_JOIN, self._handle_join)
+        app.router.add_post(protocol.PATH_NOTICES, self._handle_notices)
+        app.router.add_post(protocol.PATH_KV_PREFIX + "{op}", self._handle_kv)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port, reuse_address=True)
+        await site.start()
+        server = site._server
+        assert server is not None and server.sockets
+        self.port = server.sockets[0].getsockname()[1]
+        return self.port
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    # --- HTTP ------------------------------------------------------------------------
+    @web.middleware
+    async def _authenticate(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return _error(413, "request body too large")
+        headers = {key: request.headers.get(key, "") for key in (
+            protocol.HEADER_TIMESTAMP, protocol.HEADER_NONCE, protocol.HEADER_SIGNATURE)}
+        now = time.time()
+        reason = protocol.verify_signature(
+            self._secret, request.method, request.path_qs, body, headers, now)
+        if reason is None:
+            reason = self._check_nonce(headers[protocol.HEADER_NONCE], now)
+        if reason is not None:
+            log.debug("refused %s %s from %s: %s", request.method, request.path, request.remote,
+                      reason)
+            return _error(401, reason)
+        try:
+            payload = json.loads(body) if body else {}
+        except (ValueError, UnicodeDecodeError):
+            return _error(400, "body is not JSON")
+        if not isinstance(payload, dict):
+            return _error(400, "body must be a JSON object")
+        request["payload"] = payload
+        try:
+            return await handler(request)
+        except BadRequest as exc:
+            return _error(400, str(exc))
+
+    def _check_nonce(self, nonce: str, now: float) -> str | None:
+        while self._seen_nonces:
+            oldest, expiry = next(iter(self._seen_nonces.items()))
+            if expiry > now:
+                break
+            del self._seen_nonces[oldest]
+        if nonce in self._seen_nonces:
+            return "replayed request"
+        self._seen_nonces[nonce] = now + 2 * protocol.SIGNATURE_WINDOW_S
+        return None
+
+    async def _handle_join(self, request: web.Request) -> web.Response:
+        payload = request["payload"]
+        worker_id = _field(payload, "worker_id", str)
+        last_round = _field(payload, "last_round", int)
+        if worker_id not in self._workers:
+            return _error(403, "unknown worker")
+        reply = await self._join(worker_id, last_round)
+        return web.json_response(reply.to_json())
+
+    async def _join(self, worker_id: str, last_round: int) -> protocol.JoinReply:
+        deadline = time.monotonic() + protocol.MAX_POLL_S
+        asked_reset = False
+        while True:
+            current = self._round
+            slot = self._workers.get(worker_id)
+            if slot is None:
+                return protocol.JoinReply("exit", reason="this worker was stopped")
+            if current is not None and current.number > last_round:
+                if current.members.get(slot) != worker_id:
+                    self._listener.worker_released(worker_id)
+                    return protocol.JoinReply(
+                        "exit", round=current.number, reason="no place in the new round")
+                if worker_id not in current.joined:
+                    current.joined.add(worker_id)
+                    if len(current.joined) == 1:
+                        self._listener.barrier_started(current.number)
+                    if not current.missing():
+                        current.complete = True
+                        self._wake()
+                if current.complete:
+                    info = current.assignment[slot]
+                    self._listener.worker_joined(worker_id, current.number, info.rank)
+                    return protocol.JoinReply(
+                        "run", round=current.number, slot=info, notice_seq=current.notice_seq)
+            elif current is not None and not asked_reset:
+                asked_reset = True
+                self._listener.reset_requested(worker_id, last_round)
+            if not await self._wait_change(deadline):
+                return protocol.JoinReply("retry")
+
+    async def _handle_notices(self, request: web.Request) -> web.Response:
+        after = _field(request["payload"], "after", int)
+        deadline = time.monotonic() + min(
+            protocol.MAX_POLL_S, max(0.0, _number(request["payload"], "timeout", 0.0)))
+        while self._notice_seq <= after and await self._wait_change(deadline):
+            pass
+        return web.json_response({"seq": self._notice_seq})
+
+    async def _handle_kv(self, request: web.Request) -> web.Response:
+        op = request.match_info["op"]
+        payload = request["payload"]
+        store = self.store
+        result: dict[str, Any]
+        if op == "set":
+            store.set(_key(payload), _value(payload, "value"))
+            result = {}
+        elif op == "get":
+            key = _key(payload)
+            if store.get(key) is None:
+                await store.wait([key], _timeout(payload))
+            value = store.get(key)
+            result = {"value": None if value is None else _b64(value)}
+        elif op == "multi_get":
+            keys = _keys(payload)
+            found = await store.wait(keys, _timeout(payload))
+            values = [store.get(key) for key in keys]
+            result = {"values": [_b64(v) for v in values] if found else None}
+        elif op == "add":
+            try:
+                result = {"value": store.add(_key(payload), _field(payload, "amount", int))}
+            except ValueError as exc:
+                raise BadRequest(str(exc)) from None
+        elif op == "compare_set":
+            value = store.compare_set(
+                _key(payload), _value(payload, "expected"), _value(payload, "desired"))
+            result = {"value": _b64(value)}
+        elif op == "check":
+            result = {"ready": store.check(_keys(payload))}
+        elif op == "wait":
+            result = {"ready": await store.wait(_keys(payload), _timeout(payload))}
+        elif op == "delete":
+            result = {"deleted": store.delete(_key(payload))}
+        elif op == "num_keys":
+            result = {"count": store.num_keys()}
+        else:
+            return _error(404, f"unknown store operation {op[:40]!r}")
+        return web.json_response(result)
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+def _field(payload: dict[str, Any], name: str, kind: type) -> Any:
+    value = payload.get(name)
+    if kind is int and isinstance(value, bool):
+        raise BadRequest(f"field {name!r} must be an integer")
+    if not isinstance(value, kind):
+        raise BadRequest(f"field {name!r} must be {'an integer' if kind is int else 'a string'}")
+    return value
+
+
+def _number(payload: dict[str, Any], name: str, default: float) -> float:
+    value = payload.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise BadRequest(f"field {name!r} must be a number")
+    return float(value)
+
+
+def _timeout(payload: dict[str, Any]) -> float:
+    return min(protocol.MAX_POLL_S, max(0.0, _number(payload, "timeout", 0.0)))
+
+
+def _key(payload: dict[str, Any]) -> str:
+    key = _field(payload, "key", str)
+    if len(key) > 1024:
+        raise BadRequest("key longer than 1024 characters")
+    return key
+
+
+def _keys(payload: dict[str, Any]) -> list[str]:
+    keys = payload.get("keys")
+    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+        raise BadRequest("field 'keys' must be a list of strings")
+    return keys
+
+
+def _value(payload: dict[str, Any], name: str) -> bytes:
+    text = _field(payload, name, str)
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise BadRequest(f"field {name!r} must be base64") from None
+
+
+def _b64(value: bytes) -> str:
+    return base64.b64encode(value).decode()

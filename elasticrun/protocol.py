@@ -1,0 +1,158 @@
+"""The contract between driver and workers: env-var names, URL paths, message shapes, signing.
+
+Shared by both sides, so it imports neither torch nor aiohttp.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+# Worker environment (public names, see DESIGN.md).
+ENV_HOSTNAME = "ELASTICRUN_HOSTNAME"
+ENV_RANK = "ELASTICRUN_RANK"
+ENV_SIZE = "ELASTICRUN_SIZE"
+ENV_LOCAL_RANK = "ELASTICRUN_LOCAL_RANK"
+ENV_LOCAL_SIZE = "ELASTICRUN_LOCAL_SIZE"
+ENV_CROSS_RANK = "ELASTICRUN_CROSS_RANK"
+ENV_CROSS_SIZE = "ELASTICRUN_CROSS_SIZE"
+ENV_RENDEZVOUS_ADDR = "ELASTICRUN_RENDEZVOUS_ADDR"
+ENV_RENDEZVOUS_PORT = "ELASTICRUN_RENDEZVOUS_PORT"
+# Internal: who this process is, the job secret, and worker-side timeouts.
+ENV_WORKER_ID = "ELASTICRUN_WORKER_ID"
+ENV_SECRET = "ELASTICRUN_SECRET"
+ENV_COLLECTIVE_TIMEOUT = "ELASTICRUN_COLLECTIVE_TIMEOUT"
+ENV_ROUND_TIMEOUT = "ELASTICRUN_ROUND_TIMEOUT"
+
+# URL paths of the driver's server.
+PATH_JOIN = "/v1/rendezvous/join"
+PATH_NOTICES = "/v1/rendezvous/notices"
+PATH_KV_PREFIX = "/v1/kv/"
+KV_OPS = ("set", "get", "add", "compare_set", "check", "delete", "num_keys", "wait", "multi_get")
+
+# Request signing.
+HEADER_TIMESTAMP = "X-Elasticrun-Timestamp"
+HEADER_NONCE = "X-Elasticrun-Nonce"
+HEADER_SIGNATURE = "X-Elasticrun-Signature"
+SIGNATURE_WINDOW_S = 30.0
+MAX_BODY_BYTES = 4 * 1024 * 1024
+# Upper bound of one long-poll; clients re-ask after it, so no HTTP call waits unboundedly.
+MAX_POLL_S = 30.0
+
+# Store keys of round N live under this prefix, so nothing leaks between rounds.
+def round_prefix(round_number: int) -> str:
+    return f"elasticrun/round{round_number}/"
+
+
+def new_secret() -> str:
+    return secrets.token_hex(32)
+
+
+def new_nonce() -> str:
+    return secrets.token_hex(12)
+
+
+def signature(secret: str, method: str, path: str, timestamp: str, nonce: str, body: bytes) -> str:
+    """HMAC-SHA256 over method, path (with query), timestamp, nonce and body."""
+    mac = hmac.new(secret.encode(), digestmod=hashlib.sha256)
+    for part in (method.upper(), path, timestamp, nonce):
+        mac.update(part.encode())
+        mac.update(b"\n")
+    mac.update(body)
+    return mac.hexdigest()
+
+
+def sign_headers(secret: str, method: str, path: str, body: bytes) -> dict[str, str]:
+    timestamp = f"{time.time():.6f}"
+    nonce = new_nonce()
+    return {
+        HEADER_TIMESTAMP: timestamp,
+        HEADER_NONCE: nonce,
+        HEADER_SIGNATURE: signature(secret, method, path, timestamp, nonce, body),
+    }
+
+
+def verify_signature(
+    secret: str,
+    method: str,
+    path: str,
+    body: bytes,
+    headers: dict[str, str],
+    now: float,
+    window_s: float = SIGNATURE_WINDOW_S,
+) -> str | None:
+    """Returns None when the request is authentic and fresh, else the reason it is refused."""
+    timestamp = headers.get(HEADER_TIMESTAMP, "")
+    nonce = headers.get(HEADER_NONCE, "")
+    given = headers.get(HEADER_SIGNATURE, "")
+    if not (timestamp and nonce and given):
+        return "unsigned request"
+    try:
+        sent_at = float(timestamp)
+    except ValueError:
+        return "malformed timestamp"
+    if abs(now - sent_at) > window_s:
+        return "stale request"
+    expected = signature(secret, method, path, timestamp, nonce, body)
+    if not hmac.compare_digest(expected, given):
+        return "bad signature"
+    return None
+
+
+@dataclass(frozen=True)
+class SlotInfo:
+    """Where one worker stands in one round."""
+
+    hostname: str
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SlotInfo:
+        return cls(**{name: data[name] for name in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
+class JoinReply:
+    """The driver's answer to a worker asking for its place in the next round.
+
+    `action` is "run" (slot holds this round's place), "exit" (this worker has no
+    place any more and should end cleanly) or "retry" (the long-poll expired; ask again).
+    """
+
+    action: str
+    round: int = 0
+    slot: SlotInfo | None = None
+    notice_seq: int = 0
+    reason: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "action": self.action,
+            "round": self.round,
+            "slot": self.slot.to_json() if self.slot else None,
+            "notice_seq": self.notice_seq,
+            "reason": self.reason,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> JoinReply:
+        slot = data.get("slot")
+        return cls(
+            action=str(data["action"]),
+            round=int(data.get("round", 0)),
+            slot=SlotInfo.from_json(slot) if slot else None,
+            notice_seq=int(data.get("notice_seq", 0)),
+            reason=str(data.get("reason", "")),
+        )

@@ -1,0 +1,1 @@
+"""Starting worker processes: locally as subprocesses, remotely over SSH."""

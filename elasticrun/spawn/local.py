@@ -1,0 +1,71 @@
+"""Local workers: subprocesses, each the leader of its own session and process group."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from elasticrun.errors import SpawnError
+
+OUTPUT_LIMIT = 1024 * 1024  # bytes a reader buffers before the pump drains it
+
+
+class LocalProcess:
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self._proc = proc
+        assert proc.stdout is not None and proc.stderr is not None
+        self.stdout = proc.stdout
+        self.stderr = proc.stderr
+        self.pid = proc.pid
+
+    async def wait(self) -> int:
+        code = await self._proc.wait()
+        # Take down whatever the worker left behind in its group (dataloader workers, ...).
+        _signal_group(self.pid, signal.SIGKILL)
+        return code
+
+    async def stop(self, grace_period: float) -> None:
+        if self._proc.returncode is not None:
+            _signal_group(self.pid, signal.SIGKILL)
+            return
+        _signal_group(self.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(asyncio.shield(self._proc.wait()), grace_period)
+        except asyncio.TimeoutError:
+            pass
+        _signal_group(self.pid, signal.SIGKILL)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._proc.wait()), 5.0)
+
+
+class LocalSpawner:
+    async def spawn(
+        self, host: str, command: Sequence[str], env: Mapping[str, str], cwd: Path
+    ) -> LocalProcess:
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *command,
+                env=dict(env),
+                cwd=str(cwd),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,
+                limit=OUTPUT_LIMIT,
+            )
+        except FileNotFoundError:
+            raise SpawnError(f"cannot start {command[0]!r}: command not found") from None
+        except PermissionError:
+            raise SpawnError(f"cannot start {command[0]!r}: permission denied") from None
+        except OSError as exc:
+            raise SpawnError(f"cannot start {command[0]!r}: {exc.strerror}") from None
+        return LocalProcess(proc)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)

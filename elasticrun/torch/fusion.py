@@ -1,0 +1,53 @@
+"""Tensor fusion: many small tensors travel as a few flat buckets, one collective each."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
+
+
+def buckets(tensors: Sequence[torch.Tensor], bucket_bytes: int) -> list[list[int]]:
+    """Groups tensor indices into buckets of one dtype and at most ~bucket_bytes each."""
+    groups: list[list[int]] = []
+    open_bucket: dict[torch.dtype, tuple[list[int], int]] = {}
+    for index, tensor in enumerate(tensors):
+        size = tensor.numel() * tensor.element_size()
+        members, used = open_bucket.get(tensor.dtype, ([], 0))
+        if members and used + size > bucket_bytes:
+            groups.append(members)
+            members, used = [], 0
+        members.append(index)
+        open_bucket[tensor.dtype] = (members, used + size)
+    groups.extend(members for members, _ in open_bucket.values() if members)
+    return groups
+
+
+def fused_collective(
+    tensors: Sequence[torch.Tensor],
+    launch: Callable[[torch.Tensor], dist.Work | None],
+    finish: Callable[[torch.Tensor], None] | None = None,
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+) -> None:
+    """Runs `launch` (an async collective) on each bucket, all in flight at once, then
+    copies the results back into `tensors` in place. `finish` post-processes a bucket."""
+    pending: list[tuple[list[int], torch.Tensor, dist.Work | None]] = []
+    for group in buckets(tensors, bucket_bytes):
+        members = [tensors[i] for i in group]
+        flat = torch.cat([t.detach().reshape(-1) for t in members]) if len(members) > 1 \
+            else members[0].detach().reshape(-1).clone()
+        pending.append((group, flat, launch(flat)))
+    for group, flat, work in pending:
+        if work is not None:
+            work.wait()
+        if finish is not None:
+            finish(flat)
+        offset = 0
+        for i in group:
+            target = tensors[i]
+            count = target.numel()
+            target.data.copy_(flat[offset:offset + count].view_as(target))
+            offset += count

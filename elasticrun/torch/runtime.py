@@ -1,0 +1,150 @@
+"""This process's place in the job: the driver client, the current round, the process group.
+
+`init()` asks the driver for this worker's slot and builds a Gloo process group through
+the driver's store under the round's key prefix; `reset()` leaves the round and joins the
+next one. Without elasticrun's environment, `init()` makes a world of one process.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+from elasticrun import protocol
+from elasticrun.protocol import SlotInfo
+from elasticrun.worker.client import DriverClient
+from elasticrun.worker.store import DriverStore
+
+log = logging.getLogger("elasticrun.worker")
+
+
+@dataclass
+class Runtime:
+    slot: SlotInfo
+    round: int = 0
+    notice_seq: int = 0
+    client: DriverClient | None = None
+    worker_id: str = ""
+    collective_timeout: float = 60.0
+    round_timeout: float = 600.0
+    store: dist.Store | None = None  # kept alive: torch calls back into it
+
+    @property
+    def launched(self) -> bool:
+        return self.client is not None
+
+
+_runtime: Runtime | None = None
+
+
+def init() -> None:
+    """Joins the job (idempotent). Blocks until this worker's round is complete."""
+    global _runtime
+    if _runtime is not None:
+        return
+    env = os.environ
+    if protocol.ENV_RENDEZVOUS_ADDR not in env:
+        _runtime = Runtime(SlotInfo("localhost", 0, 1, 0, 1, 0, 1))
+        _runtime.store = dist.HashStore()
+        _init_process_group(_runtime)
+        return
+    runtime = Runtime(
+        slot=SlotInfo("", 0, 1, 0, 1, 0, 1),
+        client=DriverClient.from_env(),
+        worker_id=env[protocol.ENV_WORKER_ID],
+        collective_timeout=float(env.get(protocol.ENV_COLLECTIVE_TIMEOUT, "60")),
+        round_timeout=float(env.get(protocol.ENV_ROUND_TIMEOUT, "600")),
+    )
+    _join(runtime, last_round=0)
+    _runtime = runtime
+
+
+def reset() -> None:
+    """Leaves the current round and joins the next one (a new process group)."""
+    runtime = current()
+    if not runtime.launched:
+        return
+    _destroy_process_group()
+    _join(runtime, last_round=runtime.round)
+
+
+def shutdown() -> None:
+    global _runtime
+    if _runtime is None:
+        return
+    _destroy_process_group()
+    if _runtime.client is not None:
+        _runtime.client.close()
+    _runtime = None
+
+
+def current() -> Runtime:
+    if _runtime is None:
+        raise RuntimeError("elasticrun is not initialised: call elasticrun.torch.init() first")
+    return _runtime
+
+
+def is_initialized() -> bool:
+    return _runtime is not None
+
+
+def _join(runtime: Runtime, last_round: int) -> None:
+    assert runtime.client is not None
+    give_up = time.monotonic() + runtime.round_timeout
+    while True:
+        reply = protocol.JoinReply.from_json(runtime.client.call(
+            protocol.PATH_JOIN,
+            {"worker_id": runtime.worker_id, "last_round": last_round},
+            wait=protocol.MAX_POLL_S,
+        ))
+        if reply.action == "run" and reply.slot is not None:
+            break
+        if reply.action == "exit":
+            print(f"elasticrun: this worker leaves the job ({reply.reason})", file=sys.stderr)
+            raise SystemExit(0)
+        if time.monotonic() > give_up:
+            raise TimeoutError(f"no round formed within {runtime.round_timeout:g}s")
+    runtime.round = reply.round
+    runtime.slot = reply.slot
+    runtime.notice_seq = reply.notice_seq
+    _publish_env(reply.slot)
+    store = DriverStore(runtime.client, timeout=runtime.collective_timeout)
+    runtime.store = store
+    prefixed = dist.PrefixStore(protocol.round_prefix(reply.round), store)
+    _init_process_group(runtime, prefixed)
+
+
+def _init_process_group(runtime: Runtime, store: dist.Store | None = None) -> None:
+    dist.init_process_group(
+        backend="gloo",
+        store=store if store is not None else runtime.store,
+        rank=runtime.slot.rank,
+        world_size=runtime.slot.size,
+        timeout=datetime.timedelta(seconds=runtime.collective_timeout),
+    )
+
+
+def _destroy_process_group() -> None:
+    if dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception as exc:  # a broken group may fail to tear down; it is abandoned
+            log.debug("destroying the process group failed: %s", exc)
+
+
+def _publish_env(slot: SlotInfo) -> None:
+    """Keeps the environment true for code that reads it after a reset."""
+    values = {
+        protocol.ENV_RANK: slot.rank, protocol.ENV_SIZE: slot.size,
+        protocol.ENV_LOCAL_RANK: slot.local_rank, protocol.ENV_LOCAL_SIZE: slot.local_size,
+        protocol.ENV_CROSS_RANK: slot.cross_rank, protocol.ENV_CROSS_SIZE: slot.cross_size,
+        "RANK": slot.rank, "WORLD_SIZE": slot.size, "LOCAL_RANK": slot.local_rank,
+        "LOCAL_WORLD_SIZE": slot.local_size,
+    }
+    os.environ.update({name: str(value) for name, value in values.items()})

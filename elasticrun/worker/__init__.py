@@ -1,0 +1,1 @@
+"""Code that runs inside training processes. Never imports aiohttp, paramiko or click."""

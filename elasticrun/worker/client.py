@@ -1,0 +1,102 @@
+"""Blocking HTTP client for the driver's server (stdlib only: it runs inside training processes).
+
+Every request is signed (protocol.sign_headers). One keep-alive connection per thread,
+because Gloo and the notice watcher call in from different threads. Every call is
+bounded: connection problems are retried for at most `unreachable_timeout` seconds.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import threading
+import time
+from typing import Any
+
+from elasticrun import protocol
+
+
+class DriverUnreachableError(ConnectionError):
+    """The driver did not answer for longer than the allowed time."""
+
+
+class RequestRefusedError(RuntimeError):
+    """The driver answered with an error status."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"driver refused the request ({status}): {message}")
+        self.status = status
+
+
+class DriverClient:
+    def __init__(
+        self, host: str, port: int, secret: str, unreachable_timeout: float = 30.0
+    ) -> None:
+        self._host = host
+        self._port = port
+        self._secret = secret
+        self._unreachable_timeout = unreachable_timeout
+        self._local = threading.local()
+
+    @classmethod
+    def from_env(cls) -> DriverClient:
+        env = os.environ
+        return cls(
+            env[protocol.ENV_RENDEZVOUS_ADDR],
+            int(env[protocol.ENV_RENDEZVOUS_PORT]),
+            env[protocol.ENV_SECRET],
+        )
+
+    def call(self, path: str, payload: dict[str, Any], wait: float = 0.0) -> dict[str, Any]:
+        """POSTs `payload` to `path`; `wait` is how long the server may hold the request."""
+        body = json.dumps(payload).encode()
+        give_up = time.monotonic() + self._unreachable_timeout
+        delay = 0.05
+        while True:
+            try:
+                return self._post(path, body, wait)
+            except (OSError, http.client.HTTPException) as exc:
+                self._drop_connection()
+                if time.monotonic() + delay > give_up:
+                    raise DriverUnreachableError(
+                        f"elasticrun driver at {self._host}:{self._port} unreachable for "
+                        f"{self._unreachable_timeout:g}s: {exc}") from None
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    def _post(self, path: str, body: bytes, wait: float) -> dict[str, Any]:
+        conn = self._connection(wait)
+        headers = protocol.sign_headers(self._secret, "POST", path, body)
+        headers["Content-Type"] = "application/json"
+        conn.request("POST", path, body=body, headers=headers)
+        response = conn.getresponse()
+        data = response.read()
+        if response.status != 200:
+            try:
+                message = json.loads(data).get("error", "")
+            except ValueError:
+                message = data[:200].decode(errors="replace")
+            raise RequestRefusedError(response.status, message)
+        result = json.loads(data)
+        assert isinstance(result, dict)
+        return result
+
+    def _connection(self, wait: float) -> http.client.HTTPConnection:
+        conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = http.client.HTTPConnection(self._host, self._port)
+            self._local.conn = conn
+        conn.timeout = wait + 15.0
+        if conn.sock is not None:
+            conn.sock.settimeout(conn.timeout)
+        return conn
+
+    def _drop_connection(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+
+    def close(self) -> None:
+        self._drop_connection()
