@@ -34,7 +34,7 @@ def _positive(_ctx: click.Context, param: click.Parameter, value: float | None) 
 @click.command(context_settings={**CONTEXT, "allow_interspersed_args": False})
 @click.option("-np", "--num-proc", "np", type=click.IntRange(min=1),
               help="Number of worker processes to start with [default: --min-np, or all slots "
-                   "of -H/--hostfile].")
+                   "of -H].")
 @click.option("--min-np", type=click.IntRange(min=1),
               help="Fewest workers the job may run with; makes the job elastic.")
 @click.option("--max-np", type=click.IntRange(min=1),
@@ -153,6 +153,8 @@ def build_config(
             np = min_np
         elif static_hosts is not None:
             np = sum(slots for _, slots in static_hosts)
+            if np == 0:
+                raise ConfigError(f"-H/--hosts {hosts!r} gives no slots")
         else:
             raise ConfigError("-np is required unless -H/--hosts or --min-np is given")
     if static_hosts is None and hostfile is None and discovery_script is None:

@@ -62,7 +62,7 @@ class DriverConfig:
             raise ConfigError(f"--reset-limit must be 0 or more, got {self.reset_limit}")
         if self.blacklist_cooldown is not None:
             low, high = self.blacklist_cooldown
-            if low < 0 or high < low:
+            if not 0 < low <= high:
                 raise ConfigError(
-                    f"--blacklist-cooldown-range expects 0 <= MIN <= MAX, got {low} {high}"
+                    f"--blacklist-cooldown-range expects 0 < MIN <= MAX, got {low:g} {high:g}"
                 )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import secrets
 import time
 from dataclasses import asdict, dataclass
@@ -95,7 +96,7 @@ def verify_signature(
         sent_at = float(timestamp)
     except ValueError:
         return "malformed timestamp"
-    if abs(now - sent_at) > window_s:
+    if not math.isfinite(sent_at) or abs(now - sent_at) > window_s:
         return "stale request"
     expected = signature(secret, method, path, timestamp, nonce, body)
     if not hmac.compare_digest(expected, given):

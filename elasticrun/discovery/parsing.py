@@ -66,7 +66,11 @@ def parse_host_entry(entry: str, default_slots: int) -> tuple[str, int]:
         match = _SLOTS_KEYWORD.match(words[1])
         if not match:
             raise ValueError("expected 'host slots=N' or 'host:N'")
-        return _check_host(words[0]), _parse_slots(match.group(1))
+        host = words[0]
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+        return (_check_ip6(host) if ":" in host else _check_host(host)), \
+            _parse_slots(match.group(1))
     if len(words) != 1:
         raise ValueError("expected one host per entry, like 'host:slots'")
     if entry.startswith("["):
@@ -87,6 +91,8 @@ def parse_host_entry(entry: str, default_slots: int) -> tuple[str, int]:
 def _parse_slots(text: str) -> int:
     if not re.fullmatch(r"[0-9]+", text):
         raise ValueError(f"slots must be a whole number >= 0, got {_shorten(text)!r}")
+    if len(text.lstrip("0")) > len(str(MAX_SLOTS_PER_HOST)):
+        raise ValueError(f"slots must be at most {MAX_SLOTS_PER_HOST}, got {_shorten(text)!r}")
     slots = int(text)
     if slots > MAX_SLOTS_PER_HOST:
         raise ValueError(f"slots must be at most {MAX_SLOTS_PER_HOST}, got {slots}")
@@ -96,7 +102,7 @@ def _parse_slots(text: str) -> int:
 def _check_host(host: str) -> str:
     if not host:
         raise ValueError("empty host name")
-    if _NAME.match(host) and len(host) <= 253:
+    if _NAME.fullmatch(host) and len(host) <= 253:
         return host
     raise ValueError("not a valid host name or address")
 

@@ -14,6 +14,7 @@ class KVStore:
     def __init__(self) -> None:
         self._data: dict[str, bytes] = {}
         self._waiters: dict[str, asyncio.Event] = {}
+        self._closed = False
 
     def __len__(self) -> int:
         return len(self._data)
@@ -64,6 +65,13 @@ class KVStore:
             self._waiters.pop(key).set()  # wake waiters of a dead round; they re-check and time out
         return len(doomed)
 
+    def wake_all(self) -> None:
+        """Wakes every waiter (at shutdown); each re-checks its keys and gives up."""
+        self._closed = True
+        for event in self._waiters.values():
+            event.set()
+        self._waiters.clear()
+
     def num_keys(self) -> int:
         return len(self._data)
 
@@ -74,7 +82,7 @@ class KVStore:
         for key in keys:
             while key not in self._data:
                 remaining = deadline - loop.time()
-                if remaining <= 0:
+                if remaining <= 0 or self._closed:
                     return False
                 event = self._waiters.setdefault(key, asyncio.Event())
                 try:

@@ -27,6 +27,8 @@ from elasticrun.driver.kvstore import KVStore
 
 log = logging.getLogger("elasticrun.rendezvous")
 
+SHUTDOWN_TIMEOUT_S = 2.0
+
 
 class RendezvousListener(Protocol):
     """What the driver hears from the server."""
@@ -68,6 +70,7 @@ class Rendezvous:
         self._changed = asyncio.Event()
         self._seen_nonces: OrderedDict[str, float] = OrderedDict()
         self._runner: web.AppRunner | None = None
+        self._closing = False
         self.port = 0
 
     # --- driver-facing -------------------------------------------------------------
@@ -104,6 +107,8 @@ class Rendezvous:
         self._changed = asyncio.Event()
 
     async def _wait_change(self, deadline: float) -> bool:
+        if self._closing:
+            return False
         event = self._changed
         remaining = deadline - time.monotonic()
         if remaining <= 0:
@@ -122,7 +127,8 @@ class Rendezvous:
         app.router.add_post(protocol.PATH_JOIN, self._handle_join)
         app.router.add_post(protocol.PATH_NOTICES, self._handle_notices)
         app.router.add_post(protocol.PATH_KV_PREFIX + "{op}", self._handle_kv)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
+                                     shutdown_timeout=SHUTDOWN_TIMEOUT_S)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port, reuse_address=True)
         await site.start()
@@ -132,6 +138,9 @@ class Rendezvous:
         return self.port
 
     async def stop(self) -> None:
+        self._closing = True  # long-polls answer at once instead of holding the shutdown
+        self._wake()
+        self.store.wake_all()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None

@@ -23,6 +23,7 @@ from elasticrun.torch.ops import (
     rank,
     size,
 )
+from elasticrun.torch import elastic
 from elasticrun.torch.optimizer import DistributedOptimizer
 from elasticrun.torch.runtime import init, is_initialized, shutdown
 
@@ -31,6 +32,6 @@ __all__ = [
     "DistributedOptimizer",
     "allgather_object", "allreduce", "allreduce_", "broadcast", "broadcast_",
     "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters",
-    "cross_rank", "cross_size", "grouped_allreduce_", "init", "is_initialized",
+    "cross_rank", "cross_size", "elastic", "grouped_allreduce_", "init", "is_initialized",
     "local_rank", "local_size", "rank", "shutdown", "size",
 ]

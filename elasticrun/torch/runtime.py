@@ -19,6 +19,7 @@ import torch.distributed as dist
 from elasticrun import protocol
 from elasticrun.protocol import SlotInfo
 from elasticrun.worker.client import DriverClient
+from elasticrun.worker.notices import NoticeWatcher
 from elasticrun.worker.store import DriverStore
 
 log = logging.getLogger("elasticrun.worker")
@@ -34,6 +35,7 @@ class Runtime:
     collective_timeout: float = 60.0
     round_timeout: float = 600.0
     store: dist.Store | None = None  # kept alive: torch calls back into it
+    notices: NoticeWatcher | None = None
 
     @property
     def launched(self) -> bool:
@@ -61,6 +63,7 @@ def init() -> None:
         collective_timeout=float(env.get(protocol.ENV_COLLECTIVE_TIMEOUT, "60")),
         round_timeout=float(env.get(protocol.ENV_ROUND_TIMEOUT, "600")),
     )
+    runtime.notices = NoticeWatcher(runtime.client)
     _join(runtime, last_round=0)
     _runtime = runtime
 
@@ -94,6 +97,12 @@ def is_initialized() -> bool:
     return _runtime is not None
 
 
+def hosts_changed() -> bool:
+    """True when the driver announced a host change that the current round does not reflect."""
+    runtime = current()
+    return runtime.notices is not None and runtime.notices.latest > runtime.notice_seq
+
+
 def _join(runtime: Runtime, last_round: int) -> None:
     assert runtime.client is not None
     give_up = time.monotonic() + runtime.round_timeout
@@ -113,6 +122,8 @@ def _join(runtime: Runtime, last_round: int) -> None:
     runtime.round = reply.round
     runtime.slot = reply.slot
     runtime.notice_seq = reply.notice_seq
+    if runtime.notices is not None:
+        runtime.notices.set_active(reply.slot.rank == 0)
     _publish_env(reply.slot)
     store = DriverStore(runtime.client, timeout=runtime.collective_timeout)
     runtime.store = store

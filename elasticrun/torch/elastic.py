@@ -1,0 +1,75 @@
+"""`er.elastic`: run, State, ObjectState, TorchState, ElasticSampler and the two exceptions."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from elasticrun.torch import ops, runtime
+from elasticrun.torch.sampler import ElasticSampler
+from elasticrun.torch.state import TorchState
+from elasticrun.worker.client import DriverUnreachableError
+from elasticrun.worker.elastic import (
+    HostsUpdatedInterrupt,
+    ObjectState,
+    State,
+    WorkersFailedError,
+    run_with,
+    set_default_backend,
+)
+
+R = TypeVar("R")
+
+_PEER_FAILURE_MARKERS = ("gloo", "connection reset", "connection closed", "broken pipe",
+                         "timed out", "timeout")
+
+
+class TorchBackend:
+    """Collectives over the current round's Gloo group; rounds through the driver."""
+
+    def rank(self) -> int:
+        return ops.rank()
+
+    def broadcast_object(self, obj: Any, root_rank: int = 0) -> Any:
+        return ops.broadcast_object(obj, root_rank)
+
+    def agree_any(self, flag: bool) -> bool:
+        if ops.size() == 1:
+            return flag
+        vote = torch.tensor([1 if flag else 0], dtype=torch.int32)
+        dist.all_reduce(vote, op=dist.ReduceOp.MAX)
+        return bool(vote.item())
+
+    def hosts_changed(self) -> bool:
+        return runtime.hosts_changed()
+
+    def reset(self) -> None:
+        runtime.reset()
+
+    def as_failure(self, exc: BaseException) -> WorkersFailedError | None:
+        if isinstance(exc, DriverUnreachableError):
+            return None  # the driver is gone: nothing to recover with
+        message = str(exc).lower()
+        if isinstance(exc, dist.DistError) or (
+            isinstance(exc, RuntimeError) and any(m in message for m in _PEER_FAILURE_MARKERS)
+        ):
+            return WorkersFailedError(str(exc))
+        return None
+
+
+_backend = TorchBackend()
+set_default_backend(_backend)
+
+
+def run(func: Callable[..., R]) -> Callable[..., R]:
+    """Decorator: `@er.elastic.run def train(state): ...` survives failures and host changes."""
+    return run_with(_backend, func)
+
+
+__all__ = [
+    "ElasticSampler", "HostsUpdatedInterrupt", "ObjectState", "State", "TorchBackend",
+    "TorchState", "WorkersFailedError", "run",
+]

@@ -1,0 +1,113 @@
+"""TorchState: model, optimizer and any other objects, committed in memory.
+
+A commit copies into buffers kept from the previous commit (no new allocations once
+shapes are stable). Objects with `state_dict`/`load_state_dict` (ElasticSampler, LR
+schedulers) are committed through those; anything else by deep copy.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+from elasticrun.torch import ops
+from elasticrun.worker.elastic import Backend, State
+
+_RESERVED = {"model", "optimizer"}
+
+
+def _stateful(value: Any) -> bool:
+    return hasattr(value, "state_dict") and hasattr(value, "load_state_dict")
+
+
+def snapshot(tree: Any, previous: Any = None) -> Any:
+    """A detached copy of a nested dict/list/tuple of tensors and values, reusing the
+    tensors of `previous` where shape and dtype still match."""
+    if isinstance(tree, torch.Tensor):
+        if isinstance(previous, torch.Tensor) and previous.shape == tree.shape \
+                and previous.dtype == tree.dtype and previous.device == tree.device:
+            return previous.copy_(tree.detach())
+        return tree.detach().clone()
+    if isinstance(tree, dict):
+        old = previous if isinstance(previous, dict) else {}
+        return {key: snapshot(value, old.get(key)) for key, value in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        old_items = list(previous) if isinstance(previous, (list, tuple)) \
+            and len(previous) == len(tree) else [None] * len(tree)
+        items = [snapshot(value, prev) for value, prev in zip(tree, old_items)]
+        return items if isinstance(tree, list) else tuple(items)
+    return copy.deepcopy(tree)
+
+
+class TorchState(State):
+    """`TorchState(model=None, optimizer=None, **objects)`; objects are attributes,
+    e.g. `state.epoch`, `state.sampler`."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        backend: Backend | None = None,
+        **objects: Any,
+    ) -> None:
+        super().__init__(backend)
+        self.model = model
+        self.optimizer = optimizer
+        self._object_names = list(objects)
+        for name, value in objects.items():
+            setattr(self, name, value)
+        self._saved: dict[str, Any] = {}
+        self.save()
+
+    def _object_states(self) -> dict[str, Any]:
+        states = {}
+        for name in self._object_names:
+            value = getattr(self, name)
+            states[name] = value.state_dict() if _stateful(value) else value
+        return states
+
+    def _load_objects(self, states: dict[str, Any]) -> None:
+        for name, value in states.items():
+            current = getattr(self, name, None)
+            if _stateful(current):
+                current.load_state_dict(value)
+            else:
+                setattr(self, name, value)
+
+    def save(self) -> None:
+        saved: dict[str, Any] = {}
+        if self.model is not None:
+            saved["model"] = snapshot(self.model.state_dict(), self._saved.get("model"))
+        if self.optimizer is not None:
+            saved["optimizer"] = snapshot(self.optimizer.state_dict(),
+                                          self._saved.get("optimizer"))
+        saved["objects"] = snapshot(self._object_states(), self._saved.get("objects"))
+        self._saved = saved
+
+    def restore(self) -> None:
+        # Loading must copy: an optimizer keeps the tensors it is given and updates them
+        # in place, which would silently change the commit.
+        if self.model is not None:
+            self.model.load_state_dict(self._saved["model"])
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(snapshot(self._saved["optimizer"]))
+        self._load_objects(snapshot(self._saved["objects"]))
+
+    def sync(self) -> None:
+        """Makes every rank's state rank 0's, then commits it."""
+        if self.model is not None:
+            ops.broadcast_parameters(self.model.state_dict(), root_rank=0)
+        if self.optimizer is not None:
+            ops.broadcast_optimizer_state(self.optimizer, root_rank=0)
+        if self._object_names:
+            self._load_objects(ops.broadcast_tree(self._object_states(), root_rank=0))
+        self.save()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # New public attributes set after construction (state.batch = 0) are committed too.
+        if not name.startswith("_") and name not in _RESERVED and \
+                "_object_names" in self.__dict__ and name not in self._object_names:
+            self._object_names.append(name)
+        super().__setattr__(name, value)
