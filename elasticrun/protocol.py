@@ -92,6 +92,8 @@ def verify_signature(
     given = headers.get(HEADER_SIGNATURE, "")
     if not (timestamp and nonce and given):
         return "unsigned request"
+    if not (timestamp.isascii() and nonce.isascii() and given.isascii()):
+        return "malformed signature headers"
     try:
         sent_at = float(timestamp)
     except ValueError:

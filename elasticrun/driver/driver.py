@@ -74,6 +74,8 @@ class Driver:
         self._round_number = 0
         self._assignment: Assignment = {}
         self._notified: Assignment | None = None
+        self._forming_round = False
+        self._warned_small: Assignment | None = None
         self._reset_requests: set[str] = set()
         self._first_failure: str | None = None
         self._finishing = False
@@ -219,15 +221,18 @@ class Driver:
 
     def _check_host_changes(self) -> None:
         """Notifies the rank-0 coordinator when the hosts would give a different round."""
-        if self._finishing or self._round_number == 0 or self._reround.is_set():
+        if self._finishing or self._round_number == 0 or self._reround.is_set() \
+                or self._forming_round:
             return
         desired = self._desired_assignment()
         if desired == self._assignment or desired == self._notified:
             return
         if len(desired) < self._config.min_np:
-            log.warning("hosts changed, but %d slot(s) are fewer than --min-np %d; "
-                        "training continues on the current hosts", len(desired),
-                        self._config.min_np)
+            if desired != self._warned_small:
+                self._warned_small = desired
+                log.warning("hosts changed, but %d slot(s) are fewer than --min-np %d; "
+                            "training continues on the current hosts", len(desired),
+                            self._config.min_np)
             return
         self._notified = desired
         seq = self._rendezvous.post_notice()
@@ -253,7 +258,11 @@ class Driver:
             self._reround.clear()
             if self._finishing or self._finished.done():
                 return
-            await self._open_round()
+            self._forming_round = True
+            try:
+                await self._open_round()
+            finally:
+                self._forming_round = False
 
     async def _open_round(self) -> None:
         assignment = await self._wait_for_capacity()

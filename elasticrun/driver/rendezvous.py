@@ -28,6 +28,7 @@ from elasticrun.driver.kvstore import KVStore
 log = logging.getLogger("elasticrun.rendezvous")
 
 SHUTDOWN_TIMEOUT_S = 2.0
+PAYLOAD = web.RequestKey("payload", dict)
 
 
 class RendezvousListener(Protocol):
@@ -154,6 +155,8 @@ class Rendezvous:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return _error(413, "request body too large")
+        except web.RequestPayloadError:
+            return _error(400, "unreadable request body")
         headers = {key: request.headers.get(key, "") for key in (
             protocol.HEADER_TIMESTAMP, protocol.HEADER_NONCE, protocol.HEADER_SIGNATURE)}
         now = time.time()
@@ -167,11 +170,11 @@ class Rendezvous:
             return _error(401, reason)
         try:
             payload = json.loads(body) if body else {}
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):
             return _error(400, "body is not JSON")
         if not isinstance(payload, dict):
             return _error(400, "body must be a JSON object")
-        request["payload"] = payload
+        request[PAYLOAD] = payload
         try:
             return await handler(request)
         except BadRequest as exc:
@@ -189,7 +192,7 @@ class Rendezvous:
         return None
 
     async def _handle_join(self, request: web.Request) -> web.Response:
-        payload = request["payload"]
+        payload = request[PAYLOAD]
         worker_id = _field(payload, "worker_id", str)
         last_round = _field(payload, "last_round", int)
         if worker_id not in self._workers:
@@ -229,16 +232,16 @@ class Rendezvous:
                 return protocol.JoinReply("retry")
 
     async def _handle_notices(self, request: web.Request) -> web.Response:
-        after = _field(request["payload"], "after", int)
+        after = _field(request[PAYLOAD], "after", int)
         deadline = time.monotonic() + min(
-            protocol.MAX_POLL_S, max(0.0, _number(request["payload"], "timeout", 0.0)))
+            protocol.MAX_POLL_S, max(0.0, _number(request[PAYLOAD], "timeout", 0.0)))
         while self._notice_seq <= after and await self._wait_change(deadline):
             pass
         return web.json_response({"seq": self._notice_seq})
 
     async def _handle_kv(self, request: web.Request) -> web.Response:
         op = request.match_info["op"]
-        payload = request["payload"]
+        payload = request[PAYLOAD]
         store = self.store
         result: dict[str, Any]
         if op == "set":

@@ -4,9 +4,10 @@ Every process appends JSON lines to $LOG_DIR/<pid>.jsonl:
   {"event": "round", ...}   after each sync: round, rank, size, pid, host, step, params hash
   {"event": "step", ...}    after each successful commit: epoch, step, this rank's indices, hash
   {"event": "final", ...}   at the end: step, hash
-Faults (env): FAULT_STEP, FAULT_RANK, FAULT_MODE (exception|sigkill|exit),
-FAULT_MARKER (file created when the fault fires, so it fires once per job).
-Rank 0 writes its committed step to $PROGRESS_FILE for discovery scripts to read.
+Faults (env): FAULTS="STEP:RANK:MODE,..." with MODE exception|sigkill|exit; each fires
+once per job, at the start of step STEP on the worker that is then rank RANK.
+Rank 0 writes [committed step, world size] to $PROGRESS_FILE for discovery scripts.
+The learning rate is BASE_LR * world size, rescaled by a reset callback.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ EPOCHS = int(os.environ.get("TRAIN_EPOCHS", "3"))
 SAMPLES = int(os.environ.get("TRAIN_SAMPLES", "64"))
 BATCH = int(os.environ.get("TRAIN_BATCH", "4"))
 STEP_SLEEP = float(os.environ.get("TRAIN_STEP_SLEEP", "0"))
+BASE_LR = 0.0125
 LOG_DIR = os.environ["LOG_DIR"]
 PROGRESS_FILE = os.environ.get("PROGRESS_FILE")
 LOG_PATH = os.path.join(LOG_DIR, f"{os.getpid()}.jsonl")
@@ -35,7 +37,7 @@ LOG_PATH = os.path.join(LOG_DIR, f"{os.getpid()}.jsonl")
 
 def log(event: str, **fields: object) -> None:
     record = {"event": event, "pid": os.getpid(), "host": os.environ.get("ELASTICRUN_HOSTNAME"),
-              **fields}
+              "time": time.time(), **fields}
     with open(LOG_PATH, "a") as file:
         file.write(json.dumps(record) + "\n")
 
@@ -48,21 +50,20 @@ def params_hash(model: torch.nn.Module) -> str:
 
 
 def maybe_fault(step: int) -> None:
-    if str(step) != os.environ.get("FAULT_STEP") or str(er.rank()) != os.environ.get("FAULT_RANK"):
-        return
-    marker = os.environ.get("FAULT_MARKER")
-    if marker:
-        try:
-            os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
+    for spec in filter(None, os.environ.get("FAULTS", "").split(",")):
+        fault_step, fault_rank, mode = spec.split(":")
+        if int(fault_step) != step or int(fault_rank) != er.rank():
+            continue
+        try:  # fire once per job, even if a worker is later respawned
+            os.close(os.open(os.path.join(LOG_DIR, f"fault-{spec}"), os.O_CREAT | os.O_EXCL))
         except FileExistsError:
-            return
-    mode = os.environ.get("FAULT_MODE", "exception")
-    log("fault", step=step, mode=mode, rank=er.rank())
-    if mode == "sigkill":
-        os.kill(os.getpid(), signal.SIGKILL)
-    if mode == "exit":
-        os._exit(3)
-    raise ValueError(f"injected fault at step {step}")
+            continue
+        log("fault", step=step, mode=mode, rank=er.rank())
+        if mode == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if mode == "exit":
+            os._exit(3)
+        raise ValueError(f"injected fault at step {step}")
 
 
 def main() -> None:
@@ -73,12 +74,19 @@ def main() -> None:
     target = (data.sum(dim=1) > 0).long()
     dataset = TensorDataset(torch.arange(SAMPLES), data, target)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
-    optimizer = er.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
-                                        named_parameters=model.named_parameters())
+    optimizer = er.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=BASE_LR * er.size(), momentum=0.9),
+        named_parameters=model.named_parameters())
     sampler = er.elastic.ElasticSampler(dataset, shuffle=True, seed=3)
     state = er.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, step=0)
     resets = []
-    state.register_reset_callbacks([lambda: resets.append(er.size())])
+
+    def rescale() -> None:
+        resets.append(er.size())
+        for group in optimizer.param_groups:
+            group["lr"] = BASE_LR * er.size()
+
+    state.register_reset_callbacks([rescale])
 
     @er.elastic.run
     def train(state: er.elastic.TorchState) -> None:
@@ -96,13 +104,15 @@ def main() -> None:
                 optimizer.step()
                 state.sampler.record_batch(batch_idx, BATCH)
                 state.step += 1
-                state.commit()
+                # Logged before the commit: a step counts if the next round resumes at or
+                # after it, which the "round" records tell.
                 log("step", round=runtime.current().round, rank=er.rank(), size=er.size(),
                     epoch=state.epoch, step=state.step, indices=indices.tolist(),
                     hash=params_hash(model))
+                state.commit()
                 if PROGRESS_FILE and er.rank() == 0:
                     with open(PROGRESS_FILE + ".tmp", "w") as file:
-                        file.write(str(state.step))
+                        json.dump([state.step, er.size()], file)
                     os.replace(PROGRESS_FILE + ".tmp", PROGRESS_FILE)
                 if STEP_SLEEP:
                     time.sleep(STEP_SLEEP)

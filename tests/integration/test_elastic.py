@@ -1,0 +1,159 @@
+"""Elastic core, end to end: real workers, real Gloo, real failures and host changes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.integration.harness import PYTHON, SCRIPTS, JobResult, run_job, write_script
+from tests.integration.progress import check_job
+
+TRAIN = [PYTHON, str(SCRIPTS / "elastic_train.py")]
+COMMON = ["--start-timeout", "60", "--discovery-interval", "0.2"]
+
+
+def train_env(samples: int = 64, epochs: int = 3, batch: int = 4, sleep: float = 0.0,
+              faults: str = "", progress: Path | None = None) -> dict[str, str]:
+    env = {"TRAIN_SAMPLES": str(samples), "TRAIN_EPOCHS": str(epochs),
+           "TRAIN_BATCH": str(batch), "TRAIN_STEP_SLEEP": str(sleep), "FAULTS": faults}
+    if progress is not None:
+        env["PROGRESS_FILE"] = str(progress)
+    return env
+
+
+def assert_ok(result: JobResult) -> None:
+    assert result.returncode == 0, f"job failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+
+
+def static_discovery(tmp_path: Path, *lines: str) -> Path:
+    return write_script(tmp_path / "hosts.sh", "".join(f"echo {line}\n" for line in lines))
+
+
+def test_hosts_added_then_removed(tmp_path: Path) -> None:
+    """localhost:2 -> + 127.0.0.1:2 -> only 127.0.0.1:2, driven by training progress."""
+    progress = tmp_path / "progress"
+    phase = tmp_path / "phase"
+    script = tmp_path / "hosts.py"
+    script.write_text(f"""#!{PYTHON}
+import json, os
+try:
+    step, size = json.load(open({str(progress)!r}))
+except (OSError, ValueError):
+    step, size = 0, 0
+try:
+    state = json.load(open({str(phase)!r}))
+except (OSError, ValueError):
+    state = {{"phase": 0}}
+if state["phase"] == 0 and step >= 4:
+    state = {{"phase": 1}}
+if state["phase"] == 1 and size == 4:
+    state = {{"phase": 2, "since": step}}
+if state["phase"] == 2 and step >= state["since"] + 4:
+    state = {{"phase": 3}}
+json.dump(state, open({str(phase)!r}, "w"))
+print("localhost:2" if state["phase"] < 3 else "", end="\\n")
+if state["phase"] >= 1:
+    print("127.0.0.1:2")
+""")
+    script.chmod(0o755)
+    env = train_env(samples=64, epochs=4, sleep=0.05, progress=progress)
+    result = run_job(["-np", "2", "--host-discovery-script", str(script), *COMMON, *TRAIN],
+                     env, log_dir=tmp_path / "logs", timeout=180)
+    assert_ok(result)
+    views = check_job(result.records, samples=64, epochs=4)
+    assert [v.size for v in views] == [2, 4, 2]
+    assert set(views[0].hosts_by_rank.values()) == {"localhost"}
+    assert set(views[-1].hosts_by_rank.values()) == {"127.0.0.1"}
+    last_epoch_steps = [r for r in result.events("step") if r["epoch"] == 3]
+    assert last_epoch_steps and {r["host"] for r in last_epoch_steps if r["round"] ==
+                                 views[-1].number} == {"127.0.0.1"}
+    # Survivors kept their processes: the 127.0.0.1 workers of round 2 are those of round 3.
+    assert set(views[1].ranks_by_pid) >= set(views[2].ranks_by_pid)
+
+
+@pytest.mark.parametrize("mode", ["exception", "sigkill"])
+def test_failure_with_fixed_hosts(tmp_path: Path, mode: str) -> None:
+    result = run_job(["-H", "localhost:2,127.0.0.1:2", "--min-np", "2", *COMMON, *TRAIN],
+                     train_env(faults=f"5:1:{mode}"), log_dir=tmp_path)
+    assert_ok(result)
+    views = check_job(result.records, samples=64, epochs=3)
+    assert [v.size for v in views] == [4, 2]
+    assert set(views[1].hosts_by_rank.values()) == {"127.0.0.1"}
+    # The oldest surviving worker (rank 2 of round 1) became rank 0.
+    old_rank2 = next(pid for pid, rank in views[0].ranks_by_pid.items() if rank == 2)
+    assert views[1].ranks_by_pid[old_rank2] == 0
+    assert "host localhost failed" in result.stderr
+    assert views[1].resume_step == 4  # rolled back to the last commit, no step lost
+
+
+def test_failure_with_discovery_script(tmp_path: Path) -> None:
+    script = static_discovery(tmp_path, "localhost:2", "127.0.0.1:2")
+    result = run_job(["-np", "4", "--min-np", "2", "--host-discovery-script", str(script),
+                      *COMMON, *TRAIN], train_env(faults="6:2:sigkill"), log_dir=tmp_path / "logs")
+    assert_ok(result)
+    views = check_job(result.records, samples=64, epochs=3)
+    assert [v.size for v in views] == [4, 2]
+    assert set(views[1].hosts_by_rank.values()) == {"localhost"}
+    # Stable assignment: the surviving workers keep their ranks.
+    assert all(views[0].ranks_by_pid[pid] == rank for pid, rank in views[1].ranks_by_pid.items())
+
+
+def test_all_ranks_fail(tmp_path: Path) -> None:
+    result = run_job(["-np", "2", *COMMON, *TRAIN], train_env(faults="3:0:exit,3:1:exit"),
+                     log_dir=tmp_path)
+    assert result.returncode != 0
+    assert "exited with code 3" in result.stderr
+    assert len(result.error_lines()) == 1
+
+
+def test_every_host_fails(tmp_path: Path) -> None:
+    result = run_job(["-H", "localhost:1,127.0.0.1:1", "--min-np", "1", *COMMON, *TRAIN],
+                     train_env(faults="3:0:exit,3:1:exit"), log_dir=tmp_path)
+    assert result.returncode != 0
+    assert "all hosts are blacklisted" in result.stderr
+
+
+def test_below_min_np_fails_after_elastic_timeout(tmp_path: Path) -> None:
+    script = static_discovery(tmp_path, "localhost:2", "127.0.0.1:2")
+    result = run_job(["-np", "4", "--min-np", "4", "--elastic-timeout", "1",
+                      "--host-discovery-script", str(script), *COMMON, *TRAIN],
+                     train_env(faults="3:3:sigkill", epochs=50), log_dir=tmp_path / "logs")
+    assert result.returncode != 0
+    assert "elastic timeout" in result.stderr
+    fault_time = result.events("fault")[0]["time"]
+    assert result.ended_at - fault_time < 10, "gave up too late after the failure"
+
+
+@pytest.mark.parametrize(("limit", "succeeds"), [(1, False), (2, True)])
+def test_reset_limit(tmp_path: Path, limit: int, succeeds: bool) -> None:
+    hosts = "localhost:1,127.0.0.1:1,127.0.0.2:1"
+    result = run_job(["-H", hosts, "--min-np", "1", "--reset-limit", str(limit), *COMMON,
+                      *TRAIN], train_env(faults="3:2:exit,6:1:exit"), log_dir=tmp_path)
+    if succeeds:
+        assert_ok(result)
+        assert [v.size for v in check_job(result.records, 64, 3)] == [3, 2, 1]
+    else:
+        assert result.returncode != 0
+        assert "reset limit" in result.stderr
+
+
+def test_failed_host_returns_after_cooldown(tmp_path: Path) -> None:
+    result = run_job(["-H", "localhost:2,127.0.0.1:2", "--min-np", "2",
+                      "--blacklist-cooldown-range", "1", "1.5", *COMMON, *TRAIN],
+                     train_env(samples=128, epochs=4, sleep=0.05, faults="4:2:exit"),
+                     log_dir=tmp_path, timeout=180)
+    assert_ok(result)
+    views = check_job(result.records, samples=128, epochs=4)
+    assert [v.size for v in views] == [4, 2, 4]
+    assert set(views[2].hosts_by_rank.values()) == {"localhost", "127.0.0.1"}
+    assert "blacklisted for" in result.stderr
+
+
+def test_reset_callbacks_rescale_learning_rate(tmp_path: Path) -> None:
+    script = static_discovery(tmp_path, "localhost:2", "127.0.0.1:2")
+    result = run_job(["-np", "4", "--min-np", "2", "--host-discovery-script", str(script),
+                      *COMMON, *TRAIN], train_env(faults="4:3:exit"), log_dir=tmp_path / "logs")
+    assert_ok(result)
+    by_round = {(r["round"], r["resets"], r["size"], r["lr"]) for r in result.events("round")}
+    assert by_round == {(1, 0, 4, 0.0125 * 4), (2, 1, 2, 0.0125 * 2)}
