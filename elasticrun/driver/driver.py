@@ -431,6 +431,7 @@ class Driver:
         return f"; first failure: {self._first_failure}" if self._first_failure else ""
 
     def _fail_host(self, host: str, cause: str) -> None:
+        self._rendezvous.mark_broken(self._round_number)
         entry = self._registry.blacklist(host, time.monotonic())
         until = "permanently" if entry.until is None else \
             f"for {entry.until - time.monotonic():.1f}s"

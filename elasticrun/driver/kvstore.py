@@ -15,6 +15,7 @@ class KVStore:
         self._data: dict[str, bytes] = {}
         self._waiters: dict[str, asyncio.Event] = {}
         self._closed = False
+        self._abandoned: list[str] = []
 
     def __len__(self) -> int:
         return len(self._data)
@@ -61,9 +62,19 @@ class KVStore:
         doomed = [key for key in self._data if key.startswith(prefix)]
         for key in doomed:
             del self._data[key]
+        self._abandoned = [p for p in self._abandoned if not p.startswith(prefix)]
         for key in [key for key in self._waiters if key.startswith(prefix)]:
             self._waiters.pop(key).set()  # wake waiters of a dead round; they re-check and time out
         return len(doomed)
+
+    def abandon_prefix(self, prefix: str) -> None:
+        """Keys under `prefix` will never be needed: their waiters give up now."""
+        self._abandoned.append(prefix)
+        for key in [key for key in self._waiters if key.startswith(prefix)]:
+            self._waiters.pop(key).set()
+
+    def is_abandoned(self, key: str) -> bool:
+        return any(key.startswith(prefix) for prefix in self._abandoned)
 
     def wake_all(self) -> None:
         """Wakes every waiter (at shutdown); each re-checks its keys and gives up."""
@@ -82,7 +93,7 @@ class KVStore:
         for key in keys:
             while key not in self._data:
                 remaining = deadline - loop.time()
-                if remaining <= 0 or self._closed:
+                if remaining <= 0 or self._closed or self.is_abandoned(key):
                     return False
                 event = self._waiters.setdefault(key, asyncio.Event())
                 try:

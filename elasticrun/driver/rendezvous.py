@@ -68,6 +68,7 @@ class Rendezvous:
         self._workers: dict[str, SlotId] = {}
         self._round: Round | None = None
         self._notice_seq = 0
+        self._broken_round = 0
         self._changed = asyncio.Event()
         self._seen_nonces: OrderedDict[str, float] = OrderedDict()
         self._runner: web.AppRunner | None = None
@@ -96,6 +97,13 @@ class Rendezvous:
             self.store.delete_prefix(protocol.round_prefix(previous.number - 1))
         self._wake()
         return self._round
+
+    def mark_broken(self, round_number: int) -> None:
+        """Tells the members of `round_number` that it broke: they stop waiting on it."""
+        if round_number > self._broken_round:
+            self._broken_round = round_number
+            self.store.abandon_prefix(protocol.round_prefix(round_number))
+            self._wake()
 
     def post_notice(self) -> int:
         """Tells the rank-0 coordinator that hosts changed; returns the new sequence number."""
@@ -157,6 +165,8 @@ class Rendezvous:
             return _error(413, "request body too large")
         except web.RequestPayloadError:
             return _error(400, "unreadable request body")
+        except ConnectionError:  # the worker went away mid-request (it may have died)
+            return _error(400, "connection lost")
         headers = {key: request.headers.get(key, "") for key in (
             protocol.HEADER_TIMESTAMP, protocol.HEADER_NONCE, protocol.HEADER_SIGNATURE)}
         now = time.time()
@@ -232,18 +242,28 @@ class Rendezvous:
                 return protocol.JoinReply("retry")
 
     async def _handle_notices(self, request: web.Request) -> web.Response:
-        after = _field(request[PAYLOAD], "after", int)
+        """Long-polls until a notice newer than `after` exists or round `round` broke."""
+        payload = request[PAYLOAD]
+        after = _field(payload, "after", int)
+        watched = payload.get("round", 0)
+        if isinstance(watched, bool) or not isinstance(watched, int):
+            raise BadRequest("field 'round' must be an integer")
         deadline = time.monotonic() + min(
-            protocol.MAX_POLL_S, max(0.0, _number(request[PAYLOAD], "timeout", 0.0)))
-        while self._notice_seq <= after and await self._wait_change(deadline):
+            protocol.MAX_POLL_S, max(0.0, _number(payload, "timeout", 0.0)))
+        while self._notice_seq <= after and not (0 < watched <= self._broken_round) \
+                and await self._wait_change(deadline):
             pass
-        return web.json_response({"seq": self._notice_seq})
+        return web.json_response({"seq": self._notice_seq, "broken_round": self._broken_round})
 
     async def _handle_kv(self, request: web.Request) -> web.Response:
         op = request.match_info["op"]
         payload = request[PAYLOAD]
         store = self.store
         result: dict[str, Any]
+        if op in ("get", "wait", "multi_get"):
+            keys = _keys(payload) if op != "get" else [_key(payload)]
+            if any(store.is_abandoned(key) and store.get(key) is None for key in keys):
+                return _error(410, "the round these keys belong to broke")
         if op == "set":
             store.set(_key(payload), _value(payload, "value"))
             result = {}
@@ -252,10 +272,14 @@ class Rendezvous:
             if store.get(key) is None:
                 await store.wait([key], _timeout(payload))
             value = store.get(key)
+            if value is None and store.is_abandoned(key):
+                return _error(410, "the round this key belongs to broke")
             result = {"value": None if value is None else _b64(value)}
         elif op == "multi_get":
             keys = _keys(payload)
             found = await store.wait(keys, _timeout(payload))
+            if not found and any(store.is_abandoned(key) for key in keys):
+                return _error(410, "the round these keys belong to broke")
             values = [store.get(key) for key in keys]
             result = {"values": [_b64(v) for v in values] if found else None}
         elif op == "add":
@@ -270,7 +294,11 @@ class Rendezvous:
         elif op == "check":
             result = {"ready": store.check(_keys(payload))}
         elif op == "wait":
-            result = {"ready": await store.wait(_keys(payload), _timeout(payload))}
+            keys = _keys(payload)
+            ready = await store.wait(keys, _timeout(payload))
+            if not ready and any(store.is_abandoned(key) for key in keys):
+                return _error(410, "the round these keys belong to broke")
+            result = {"ready": ready}
         elif op == "delete":
             result = {"deleted": store.delete(_key(payload))}
         elif op == "num_keys":

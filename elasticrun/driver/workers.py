@@ -21,7 +21,7 @@ from elasticrun.spawn.base import WorkerProcess
 
 class WorkerState(enum.Enum):
     RUNNING = "running"      # alive and holding its slot
-    RELEASED = "released"    # told it has no place any more; its exit is neither success nor failure
+    RELEASED = "released"    # has no place any more; its exit is neither success nor failure
     STOPPING = "stopping"    # the driver is stopping it
     FINISHED = "finished"    # exited 0 as a member of the current round
     FAILED = "failed"        # exited non-zero on its own

@@ -1,5 +1,6 @@
 """The worker API, mirroring horovod.torch: `import elasticrun.torch as er`."""
 
+from elasticrun.torch import elastic
 from elasticrun.torch.ops import (
     Average,
     Max,
@@ -23,7 +24,6 @@ from elasticrun.torch.ops import (
     rank,
     size,
 )
-from elasticrun.torch import elastic
 from elasticrun.torch.optimizer import DistributedOptimizer
 from elasticrun.torch.runtime import init, is_initialized, shutdown
 

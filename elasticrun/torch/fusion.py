@@ -35,19 +35,25 @@ def fused_collective(
     """Runs `launch` (an async collective) on each bucket, all in flight at once, then
     copies the results back into `tensors` in place. `finish` post-processes a bucket."""
     pending: list[tuple[list[int], torch.Tensor, dist.Work | None]] = []
-    for group in buckets(tensors, bucket_bytes):
-        members = [tensors[i] for i in group]
-        flat = torch.cat([t.detach().reshape(-1) for t in members]) if len(members) > 1 \
-            else members[0].detach().reshape(-1).clone()
-        pending.append((group, flat, launch(flat)))
-    for group, flat, work in pending:
-        if work is not None:
-            work.wait()
-        if finish is not None:
-            finish(flat)
-        offset = 0
-        for i in group:
-            target = tensors[i]
-            count = target.numel()
-            target.data.copy_(flat[offset:offset + count].view_as(target))
-            offset += count
+    try:
+        for group in buckets(tensors, bucket_bytes):
+            members = [tensors[i] for i in group]
+            flat = torch.cat([t.detach().reshape(-1) for t in members]) if len(members) > 1 \
+                else members[0].detach().reshape(-1).clone()
+            pending.append((group, flat, launch(flat)))
+        for group, flat, work in pending:
+            if work is not None:
+                work.wait()
+            if finish is not None:
+                finish(flat)
+            offset = 0
+            for i in group:
+                target = tensors[i]
+                count = target.numel()
+                target.data.copy_(flat[offset:offset + count].view_as(target))
+                offset += count
+    finally:
+        # A Work keeps its Gloo context, and so its sockets, alive: a failed round's works
+        # must not outlive the failure, or peers waiting on this process never see it go.
+        pending.clear()
+        work = None  # noqa: F841

@@ -113,7 +113,9 @@ def allgather_object(obj: Any) -> list[Any]:
 
 
 def broadcast_parameters(
-    params: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]] | Iterable[torch.Tensor],
+    params: Mapping[str, torch.Tensor]
+    | Iterable[tuple[str, torch.Tensor]]
+    | Iterable[torch.Tensor],
     root_rank: int = 0,
 ) -> None:
     """Overwrites the given tensors in place with root_rank's values (fused).

@@ -8,11 +8,14 @@ next one. Without elasticrun's environment, `init()` makes a world of one proces
 from __future__ import annotations
 
 import datetime
+import gc
 import logging
 import os
+import socket
 import sys
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
@@ -20,6 +23,7 @@ from elasticrun import protocol
 from elasticrun.protocol import SlotInfo
 from elasticrun.worker.client import DriverClient
 from elasticrun.worker.notices import NoticeWatcher
+from elasticrun.worker.sockets import new_tcp_sockets, open_socket_fds, sever
 from elasticrun.worker.store import DriverStore
 
 log = logging.getLogger("elasticrun.worker")
@@ -36,6 +40,9 @@ class Runtime:
     round_timeout: float = 600.0
     store: dist.Store | None = None  # kept alive: torch calls back into it
     notices: NoticeWatcher | None = None
+    driver_peer: tuple[str, int] = ("", 0)
+    round_sockets: dict[int, str] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def launched(self) -> bool:
@@ -62,9 +69,13 @@ def init() -> None:
         worker_id=env[protocol.ENV_WORKER_ID],
         collective_timeout=float(env.get(protocol.ENV_COLLECTIVE_TIMEOUT, "60")),
         round_timeout=float(env.get(protocol.ENV_ROUND_TIMEOUT, "600")),
+        driver_peer=_resolve(env[protocol.ENV_RENDEZVOUS_ADDR],
+                             int(env[protocol.ENV_RENDEZVOUS_PORT])),
     )
-    runtime.notices = NoticeWatcher(runtime.client)
+    runtime.notices = NoticeWatcher(
+        runtime.client, lambda: runtime.round, lambda broken: _round_broken(runtime, broken))
     _join(runtime, last_round=0)
+    runtime.notices.start()
     _runtime = runtime
 
 
@@ -73,7 +84,7 @@ def reset() -> None:
     runtime = current()
     if not runtime.launched:
         return
-    _destroy_process_group()
+    _leave_round(runtime)
     _join(runtime, last_round=runtime.round)
 
 
@@ -81,7 +92,7 @@ def shutdown() -> None:
     global _runtime
     if _runtime is None:
         return
-    _destroy_process_group()
+    _leave_round(_runtime)
     if _runtime.client is not None:
         _runtime.client.close()
     _runtime = None
@@ -122,13 +133,39 @@ def _join(runtime: Runtime, last_round: int) -> None:
     runtime.round = reply.round
     runtime.slot = reply.slot
     runtime.notice_seq = reply.notice_seq
-    if runtime.notices is not None:
-        runtime.notices.set_active(reply.slot.rank == 0)
     _publish_env(reply.slot)
     store = DriverStore(runtime.client, timeout=runtime.collective_timeout)
     runtime.store = store
     prefixed = dist.PrefixStore(protocol.round_prefix(reply.round), store)
+    before = open_socket_fds()
     _init_process_group(runtime, prefixed)
+    with runtime.lock:
+        runtime.round_sockets = new_tcp_sockets(before, runtime.driver_peer)
+
+
+def _leave_round(runtime: Runtime) -> None:
+    """Cuts this round's connections (peers blocked on us fail at once), then tears down."""
+    with runtime.lock:
+        sever(runtime.round_sockets)
+        runtime.round_sockets = {}
+    gc.collect(1)  # young cycles may still hold the old round's works
+    _destroy_process_group()
+
+
+def _round_broken(runtime: Runtime, broken_round: int) -> None:
+    """Called by the watcher thread: the driver says a member of our round failed."""
+    with runtime.lock:
+        if runtime.round == broken_round and runtime.round_sockets:
+            count = sever(runtime.round_sockets)
+            runtime.round_sockets = {}
+            log.debug("round %d broke; severed %d connection(s)", broken_round, count)
+
+
+def _resolve(host: str, port: int) -> tuple[str, int]:
+    try:
+        return socket.gethostbyname(host), port
+    except OSError:
+        return host, port
 
 
 def _init_process_group(runtime: Runtime, store: dist.Store | None = None) -> None:

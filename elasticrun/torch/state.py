@@ -36,7 +36,7 @@ def snapshot(tree: Any, previous: Any = None) -> Any:
     if isinstance(tree, (list, tuple)):
         old_items = list(previous) if isinstance(previous, (list, tuple)) \
             and len(previous) == len(tree) else [None] * len(tree)
-        items = [snapshot(value, prev) for value, prev in zip(tree, old_items)]
+        items = [snapshot(value, prev) for value, prev in zip(tree, old_items, strict=True)]
         return items if isinstance(tree, list) else tuple(items)
     return copy.deepcopy(tree)
 

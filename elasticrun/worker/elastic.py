@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import functools
 import logging
+import traceback
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
@@ -148,6 +149,9 @@ def run_with(backend: Backend, func: Callable[..., R]) -> Callable[..., R]:
                 failure = exc if isinstance(exc, WorkersFailedError) else backend.as_failure(exc)
                 if failure is None:
                     raise
+                # Release what the failed frames hold (async works keep the old round's
+                # sockets open, and peers blocked on them would wait for a timeout).
+                traceback.clear_frames(exc.__traceback__)
                 log.warning("a collective failed (%s); restoring the last commit",
                             _first_line(failure))
                 state.restore()

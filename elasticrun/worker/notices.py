@@ -1,8 +1,11 @@
-"""Host-change notices: the rank-0 process long-polls the driver for the latest notice.
+"""The driver's word to a worker between collectives: hosts changed, or your round broke.
 
-Notices carry a strictly increasing sequence number. A round records the highest
-notice it already reflects, so a notice is pending exactly when the latest known
-number is higher; nothing is lost when a notice arrives during a reset.
+A watcher thread in every worker long-polls the driver. Host-change notices carry a
+strictly increasing sequence number; a round records the highest notice it reflects,
+so a notice is pending exactly when the latest known number is higher, and nothing is
+lost when one arrives during a reset. When the driver declares the worker's round
+broken (a member failed), the watcher calls `on_round_broken` so that a worker blocked
+in a collective is released at once instead of at the collective timeout.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from elasticrun import protocol
 from elasticrun.worker.client import DriverClient, DriverUnreachableError, RequestRefusedError
@@ -18,35 +22,42 @@ log = logging.getLogger("elasticrun.notices")
 
 
 class NoticeWatcher:
-    def __init__(self, client: DriverClient) -> None:
+    def __init__(
+        self,
+        client: DriverClient,
+        current_round: Callable[[], int],
+        on_round_broken: Callable[[int], None],
+    ) -> None:
         self._client = client
+        self._current_round = current_round
+        self._on_round_broken = on_round_broken
         self._latest = 0
-        self._active = threading.Event()
+        self._handled_broken = 0
         self._thread = threading.Thread(target=self._loop, name="elasticrun-notices",
                                         daemon=True)
-        self._thread.start()
 
     @property
     def latest(self) -> int:
         return self._latest
 
-    def set_active(self, active: bool) -> None:
-        """Only the rank-0 process polls; the others stay idle."""
-        if active:
-            self._active.set()
-        else:
-            self._active.clear()
+    def start(self) -> None:
+        self._thread.start()
 
     def _loop(self) -> None:
         while True:
-            self._active.wait()
+            watched = max(self._current_round(), self._handled_broken + 1)
             try:
                 reply = self._client.call(
                     protocol.PATH_NOTICES,
-                    {"after": self._latest, "timeout": protocol.MAX_POLL_S},
+                    {"after": self._latest, "round": watched, "timeout": protocol.MAX_POLL_S},
                     wait=protocol.MAX_POLL_S,
                 )
-                self._latest = max(self._latest, int(reply["seq"]))
             except (DriverUnreachableError, RequestRefusedError) as exc:
                 log.debug("notice poll failed: %s", exc)
                 time.sleep(1.0)
+                continue
+            self._latest = max(self._latest, int(reply["seq"]))
+            broken = int(reply.get("broken_round", 0))
+            if broken >= watched:
+                self._handled_broken = broken
+                self._on_round_broken(broken)

@@ -15,7 +15,7 @@ from typing import Any
 import torch.distributed as dist
 
 from elasticrun import protocol
-from elasticrun.worker.client import DriverClient
+from elasticrun.worker.client import DriverClient, RequestRefusedError
 
 
 def _encode(value: Any) -> str:
@@ -35,7 +35,12 @@ class DriverStore(dist.Store):
         self._timeout_s = timeout
 
     def _kv(self, op: str, wait: float = 0.0, **payload: Any) -> dict[str, Any]:
-        return self._client.call(protocol.PATH_KV_PREFIX + op, payload, wait=wait)
+        try:
+            return self._client.call(protocol.PATH_KV_PREFIX + op, payload, wait=wait)
+        except RequestRefusedError as exc:
+            if exc.status == 410:  # the round broke while we were building its group
+                raise dist.DistStoreError(str(exc)) from None
+            raise
 
     def set_timeout(self, timeout: datetime.timedelta) -> None:
         self._timeout_s = timeout.total_seconds()

@@ -130,7 +130,8 @@ def run_job(
         proc.kill()
         stdout, stderr = proc.communicate()
         assert_no_orphans(tag, within=0)
-        raise AssertionError(f"elasticrun did not finish in {timeout}s:\n{stdout}\n{stderr}")
+        raise AssertionError(
+            f"elasticrun did not finish in {timeout}s:\n{stdout}\n{stderr}") from None
     result = JobResult(proc.returncode, stdout, stderr, time.monotonic() - started, time.time(),
                        tag, log_dir)
     assert_no_orphans(tag)

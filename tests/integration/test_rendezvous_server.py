@@ -731,14 +731,37 @@ async def test_multi_get(server: Server) -> None:
 
 async def test_notices_long_poll(server: Server) -> None:
     reply = await server.signed(protocol.PATH_NOTICES, {"after": 0, "timeout": 0})
-    assert reply.json == {"seq": 0}
+    assert reply.json == {"seq": 0, "broken_round": 0}
     started = time.monotonic()
     waiter = asyncio.create_task(server.signed(protocol.PATH_NOTICES, {"after": 0, "timeout": 10}))
     await asyncio.sleep(0.2)
     assert not waiter.done()
     assert server.rv.post_notice() == 1
-    assert (await asyncio.wait_for(waiter, 5)).json == {"seq": 1}
+    assert (await asyncio.wait_for(waiter, 5)).json == {"seq": 1, "broken_round": 0}
     assert time.monotonic() - started < 2.0
+
+
+async def test_broken_round_releases_watchers_and_store_waiters(server: Server) -> None:
+    """When the driver marks a round broken, its members stop waiting on it at once."""
+    key = protocol.round_prefix(3) + "gloo/rank1"
+    watcher = asyncio.create_task(
+        server.signed(protocol.PATH_NOTICES, {"after": 0, "round": 3, "timeout": 20}))
+    getter = asyncio.create_task(server.signed(KV + "get", {"key": key, "timeout": 20}))
+    other_round = asyncio.create_task(
+        server.signed(protocol.PATH_NOTICES, {"after": 0, "round": 4, "timeout": 1}))
+    await asyncio.sleep(0.3)
+    assert not watcher.done() and not getter.done()
+    started = time.monotonic()
+    server.rv.mark_broken(3)
+    assert (await asyncio.wait_for(watcher, 5)).json == {"seq": 0, "broken_round": 3}
+    assert (await asyncio.wait_for(getter, 5)).status == 410
+    assert time.monotonic() - started < 1.0
+    # A watcher of a later round is not woken by round 3 breaking.
+    assert (await asyncio.wait_for(other_round, 5)).json == {"seq": 0, "broken_round": 3}
+    assert time.monotonic() - started >= 0.5
+    # Keys of other rounds still work.
+    await server.kv("set", key=protocol.round_prefix(4) + "x", value=b64(b"v"))
+    assert (await server.kv("get", key=protocol.round_prefix(4) + "x", timeout=1))["value"]
 
 
 async def test_driver_client_kv_and_refusals(server: Server) -> None:
