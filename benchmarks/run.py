@@ -33,7 +33,8 @@ RESULTS = HERE / "results"
 def run_job(args: list[str], env: dict[str, str], timeout: float = 300) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "events.jsonl"
-        full_env = {**os.environ, **env, "BENCH_OUT": str(out),
+        # One intra-op thread per worker: several workers share this machine's cores.
+        full_env = {**os.environ, "OMP_NUM_THREADS": "1", **env, "BENCH_OUT": str(out),
                     "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
         proc = subprocess.run([sys.executable, "-m", "elasticrun", "--start-timeout", "120",
                                *args, sys.executable, str(SCRIPT)],

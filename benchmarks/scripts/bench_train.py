@@ -36,8 +36,8 @@ def emit(event: str, **fields: object) -> None:
 
 
 def build_model() -> torch.nn.Module:
-    # Three layers of width w: ~2*w*w + w*(in + out) parameters.
-    width = max(8, int(math.sqrt(PARAMS / 2)))
+    # One w*w layer dominates: w*w + w*(64 + 10) parameters.
+    width = max(8, int(math.sqrt(PARAMS)))
     return torch.nn.Sequential(torch.nn.Linear(64, width), torch.nn.ReLU(),
                                torch.nn.Linear(width, width), torch.nn.ReLU(),
                                torch.nn.Linear(width, 10))

@@ -7,6 +7,7 @@ next one. Without elasticrun's environment, `init()` makes a world of one proces
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import gc
 import logging
@@ -57,6 +58,9 @@ def init() -> None:
     global _runtime
     if _runtime is not None:
         return
+    # Tear the group down before interpreter exit: torch 2.13's Gloo threads can abort
+    # the process when the group is only destroyed during interpreter finalisation.
+    atexit.register(shutdown)
     env = os.environ
     if protocol.ENV_RENDEZVOUS_ADDR not in env:
         _runtime = Runtime(SlotInfo("localhost", 0, 1, 0, 1, 0, 1))

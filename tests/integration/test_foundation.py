@@ -3,12 +3,13 @@
 Covered: DistributedOptimizer equivalence and worker placement on a two-host list, an
 unmodified torchrun-style script, output prefixes and per-rank files, bad input ending as
 one error line, SIGINT/SIGTERM stopping the job without orphans, and a failing rank named
-as the root cause. Tests marked xfail(strict=True) expose known bugs; remove the mark once
-the bug is fixed.
+as the root cause. A test that exposes a known bug is marked xfail(strict=True), and the mark
+is removed once the bug is fixed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import queue
@@ -24,10 +25,14 @@ from typing import IO, Any
 import pytest
 from harness import PYTHON, SCRIPTS, JobResult, assert_no_orphans, run_job, start_job, write_script
 
+from elasticrun.config import DriverConfig
+
 pytestmark = pytest.mark.timeout(180)
 
 START = ["--start-timeout", "60"]
-STOP_GRACE_S = 5.0  # DriverConfig.stop_grace_period: SIGTERM, then SIGKILL after this long
+# SIGTERM to a worker, then SIGKILL after this long
+STOP_GRACE_S: float = next(
+    f.default for f in dataclasses.fields(DriverConfig) if f.name == "stop_grace_period")
 PREFIXED = re.compile(r"^\[(\d+)\]<(stdout|stderr)>:(.*)$")
 
 
@@ -102,7 +107,7 @@ class LiveJob:
         regex = re.compile(pattern)
         while not ranks <= seen:
             left = deadline - time.monotonic()
-            if left <= 0 or self.proc.poll() is not None and self.lines.empty():
+            if left <= 0 or (self.proc.poll() is not None and self.lines.empty()):
                 self.kill()
                 raise AssertionError(f"ranks {sorted(ranks - seen)} never printed {pattern!r}; "
                                      f"rc={self.proc.poll()}\n{self.output()}")
@@ -356,6 +361,7 @@ def test_sigterm_kills_worker_that_ignores_it() -> None:
     assert returncode is not None, "elasticrun did not get rid of a worker ignoring SIGTERM"
     assert returncode == 143, f"rc={returncode}\n{job.output()}"
     assert took < STOP_GRACE_S + 5, took
+    assert took > STOP_GRACE_S - 1, f"workers killed after {took:.1f}s, before the grace period"
     assert_no_orphans(job.tag, within=1)
 
 

@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -122,6 +123,10 @@ def main() -> None:
         optimizer.step()
     print(f"params {rank} {params_hash(model)}", flush=True)
     er.shutdown()
+    # PyTorch's Gloo backend can abort at interpreter exit ("terminate called without an
+    # active exception") when a worker thread still has to drop a finished collective; plain
+    # torchrun jobs fail the same way. A moment's sleep lets it finish before Python exits.
+    time.sleep(0.2)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
@@ -24,6 +26,10 @@ def main() -> None:
     dist.all_reduce(value)
     print(f"torchrun-style rank={rank} world={world} sum={value.item():g}", flush=True)
     dist.destroy_process_group()
+    # PyTorch's Gloo backend can abort at interpreter exit ("terminate called without an
+    # active exception") when a worker thread still has to drop a finished collective; plain
+    # torchrun jobs fail the same way. A moment's sleep lets it finish before Python exits.
+    time.sleep(0.2)
 
 
 if __name__ == "__main__":
