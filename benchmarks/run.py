@@ -7,8 +7,8 @@ recovery  4 workers (localhost:2 + 127.0.0.1:2), one SIGKILLed mid-training: sec
           the kill to the first completed step after the reset, broken down into failure
           detection, reset (driver decision + rendezvous + Gloo rebuild), state sync and
           the first step.
-commit    2 workers: median step time without commits and with `state.commit()` every step,
-          for several model sizes: the cost of a commit with no host change.
+commit    2 workers: median step time without and with `state.commit()` (alternating steps
+          of one run), for several model sizes: the cost of a commit with no host change.
 """
 
 from __future__ import annotations
@@ -67,12 +67,12 @@ def recovery_trial(params: float, steps: int) -> dict[str, float]:
 
 
 def commit_trial(params: float, steps: int) -> dict[str, float]:
-    def median_step(commit_every: int) -> float:
-        events = run_job(["-np", "2"], {"BENCH_PARAMS": str(params), "BENCH_STEPS": str(steps),
-                                        "BENCH_COMMIT_EVERY": str(commit_every)})
-        return statistics.median(e["median_step_s"] for e in events if e["event"] == "done")
-
-    plain, committed = median_step(0), median_step(1)
+    """Steps alternate with and without a commit in one run, so machine drift cancels."""
+    events = run_job(["-np", "2"], {"BENCH_PARAMS": str(params), "BENCH_STEPS": str(steps),
+                                    "BENCH_COMMIT_EVERY": "-1"})
+    done = [e for e in events if e["event"] == "done"]
+    plain = statistics.median(e["median_step_s"] for e in done)
+    committed = statistics.median(e["median_commit_step_s"] for e in done)
     return {"step_ms": plain * 1e3, "step_with_commit_ms": committed * 1e3,
             "commit_ms": (committed - plain) * 1e3, "overhead": committed / plain - 1}
 
@@ -94,9 +94,9 @@ def bench_recovery(trials: int, quick: bool) -> dict[str, Any]:
 
 def bench_commit(trials: int, quick: bool) -> dict[str, Any]:
     sizes = [1e5] if quick else [1e6, 1e7, 5e7]
-    steps = 20 if quick else 60
+    steps = 20 if quick else 100
     table = {}
-    print(f"\ncommit: 2 workers, commit every step vs never, median of {trials}")
+    print(f"\ncommit: 2 workers, steps with vs without a commit, median of {trials}")
     print(f"  {'params':>8} {'step ms':>9} {'+commit ms':>11} {'commit ms':>10} {'overhead':>9}")
     for size in sizes:
         runs = [commit_trial(size, steps) for _ in range(trials)]

@@ -1,6 +1,7 @@
 """Training loop for the benchmarks: an MLP of a chosen size, timestamped events.
 
-Env: BENCH_PARAMS (approximate parameter count), BENCH_STEPS, BENCH_COMMIT_EVERY (0: never),
+Env: BENCH_PARAMS (approximate parameter count), BENCH_STEPS, BENCH_COMMIT_EVERY (0: never;
+-1: every other step, to compare steps with and without a commit within one run),
 BENCH_KILL_STEP / BENCH_KILL_RANK (SIGKILL self at that step), BENCH_OUT (JSON lines file).
 Events: "kill" (just before the SIGKILL), "failure" (a survivor's collective raised),
 "reset" (reset callback: new round joined, group built), "synced" (state synced, training
@@ -54,6 +55,7 @@ def main() -> None:
     data = torch.randn(BATCH, 64)
     target = torch.randint(0, 10, (BATCH,))
     durations: list[float] = []
+    with_commit: list[float] = []
 
     @er.elastic.run
     def train(state: er.elastic.TorchState) -> None:
@@ -68,17 +70,24 @@ def main() -> None:
                 F.cross_entropy(model(data), target).backward()
                 optimizer.step()
                 state.step += 1
-                if COMMIT_EVERY and state.step % COMMIT_EVERY == 0:
+                every = 2 if COMMIT_EVERY == -1 else COMMIT_EVERY
+                committed = bool(every) and state.step % every == 0
+                if committed:
                     state.commit()
             except Exception:
                 emit("failure", rank=er.rank())
                 raise
-            durations.append(time.perf_counter() - started)
+            (with_commit if committed and COMMIT_EVERY == -1 else durations).append(
+                time.perf_counter() - started)
             emit("step", rank=er.rank(), size=er.size(), step=state.step)
 
     train(state)
-    steady = sorted(durations[5:]) or durations
-    emit("done", rank=er.rank(), median_step_s=steady[len(steady) // 2],
+    def median(values: list[float]) -> float:
+        steady = sorted(values[3:]) or sorted(values) or [0.0]
+        return steady[len(steady) // 2]
+
+    emit("done", rank=er.rank(), median_step_s=median(durations),
+         median_commit_step_s=median(with_commit),
          params=sum(p.numel() for p in model.parameters()))
     er.shutdown()
 

@@ -36,12 +36,17 @@ class TorchBackend:
     def broadcast_object(self, obj: Any, root_rank: int = 0) -> Any:
         return ops.broadcast_object(obj, root_rank)
 
-    def agree_any(self, flag: bool) -> bool:
+    def start_agreement(self, flag: bool) -> Callable[[], bool]:
         if ops.size() == 1:
-            return flag
+            return lambda: flag
         vote = torch.tensor([1 if flag else 0], dtype=torch.int32)
-        dist.all_reduce(vote, op=dist.ReduceOp.MAX)
-        return bool(vote.item())
+        work = dist.all_reduce(vote, op=dist.ReduceOp.MAX, async_op=True)
+
+        def result() -> bool:
+            work.wait()
+            return bool(vote.item())
+
+        return result
 
     def hosts_changed(self) -> bool:
         return runtime.hosts_changed()

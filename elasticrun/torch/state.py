@@ -22,6 +22,20 @@ def _stateful(value: Any) -> bool:
     return hasattr(value, "state_dict") and hasattr(value, "load_state_dict")
 
 
+def snapshot_tensors(
+    tensors: dict[str, torch.Tensor], previous: dict[str, torch.Tensor] | None
+) -> dict[str, torch.Tensor]:
+    """A copy of a flat name -> tensor mapping (a model's state_dict). When `previous` has
+    the same layout, its buffers are refilled with one fused copy."""
+    if previous is not None and previous.keys() == tensors.keys() and all(
+        p.shape == t.shape and p.dtype == t.dtype and p.device == t.device
+        for p, t in zip(previous.values(), tensors.values(), strict=True)
+    ):
+        torch._foreach_copy_(list(previous.values()), [t.detach() for t in tensors.values()])
+        return previous
+    return {name: t.detach().clone() for name, t in tensors.items()}
+
+
 def snapshot(tree: Any, previous: Any = None) -> Any:
     """A detached copy of a nested dict/list/tuple of tensors and values, reusing the
     tensors of `previous` where shape and dtype still match."""
@@ -79,7 +93,7 @@ class TorchState(State):
     def save(self) -> None:
         saved: dict[str, Any] = {}
         if self.model is not None:
-            saved["model"] = snapshot(self.model.state_dict(), self._saved.get("model"))
+            saved["model"] = snapshot_tensors(self.model.state_dict(), self._saved.get("model"))
         if self.optimizer is not None:
             saved["optimizer"] = snapshot(self.optimizer.state_dict(),
                                           self._saved.get("optimizer"))

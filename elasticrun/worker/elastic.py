@@ -39,8 +39,9 @@ class Backend(Protocol):
 
     def broadcast_object(self, obj: Any, root_rank: int = 0) -> Any: ...
 
-    def agree_any(self, flag: bool) -> bool:
-        """One scalar collective: True on every rank if `flag` is True on any."""
+    def start_agreement(self, flag: bool) -> Callable[[], bool]:
+        """Starts one scalar collective; the returned function waits for it and says
+        whether `flag` was True on any rank (the same answer on every rank)."""
         ...
 
     def hosts_changed(self) -> bool:
@@ -84,13 +85,16 @@ class State:
             callback()
 
     def commit(self) -> None:
-        """Saves the state in memory, then checks whether hosts changed (may raise
-        HostsUpdatedInterrupt on every rank at once)."""
+        """Saves the state in memory and checks whether hosts changed (may raise
+        HostsUpdatedInterrupt on every rank at once). The check's one scalar collective
+        runs while the state is copied."""
+        agreement = self._backend.start_agreement(self._backend.hosts_changed())
         self.save()
-        self.check_host_updates()
+        if agreement():
+            raise HostsUpdatedInterrupt()
 
     def check_host_updates(self) -> None:
-        if self._backend.agree_any(self._backend.hosts_changed()):
+        if self._backend.start_agreement(self._backend.hosts_changed())():
             raise HostsUpdatedInterrupt()
 
     def save(self) -> None:
