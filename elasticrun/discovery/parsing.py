@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Iterable
 
 from elasticrun.discovery.base import HostSlots
 from elasticrun.errors import DiscoveryError
@@ -29,33 +30,33 @@ def format_host(host: str) -> str:
 
 def parse_host_lines(text: str, default_slots: int, source: str) -> HostSlots:
     """Parses newline-separated host entries. Raises DiscoveryError naming source and line."""
-    hosts: HostSlots = {}
-    for number, raw in enumerate(text.splitlines(), start=1):
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
-        try:
-            host, slots = parse_host_entry(line, default_slots)
-        except ValueError as exc:
-            raise DiscoveryError(f"{source}: line {number}: {_shorten(line)!r}: {exc}") from None
-        hosts[host] = slots
-    return hosts
+    lines = ((f"line {n}: ", raw.split("#", 1)[0]) for n, raw in enumerate(text.splitlines(), 1))
+    try:
+        return _parse_entries(lines, default_slots)
+    except ValueError as exc:
+        raise DiscoveryError(f"{source}: {exc}") from None
 
 
 def parse_hosts_flag(value: str, default_slots: int) -> HostSlots:
     """Parses -H/--hosts: comma-separated entries. Raises ValueError with the bad entry."""
+    hosts = _parse_entries((("", entry) for entry in value.split(",")), default_slots)
+    if not hosts:
+        raise ValueError("no hosts given; expected host:slots[,host:slots...]")
+    return hosts
+
+
+def _parse_entries(entries: Iterable[tuple[str, str]], default_slots: int) -> HostSlots:
+    """(where, text) pairs -> hosts; a bad entry raises ValueError starting with `where`."""
     hosts: HostSlots = {}
-    for entry in value.split(","):
-        entry = entry.strip()
+    for where, text in entries:
+        entry = text.strip()
         if not entry:
             continue
         try:
             host, slots = parse_host_entry(entry, default_slots)
         except ValueError as exc:
-            raise ValueError(f"{_shorten(entry)!r}: {exc}") from None
+            raise ValueError(f"{where}{_shorten(entry)!r}: {exc}") from None
         hosts[host] = slots
-    if not hosts:
-        raise ValueError("no hosts given; expected host:slots[,host:slots...]")
     return hosts
 
 

@@ -141,9 +141,9 @@ class Rendezvous:
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port, reuse_address=True)
         await site.start()
-        server = site._server
-        assert server is not None and server.sockets
-        self.port = server.sockets[0].getsockname()[1]
+        addresses = self._runner.addresses
+        assert addresses, "the rendezvous server did not bind"
+        self.port = int(addresses[0][1])
         return self.port
 
     async def stop(self) -> None:
@@ -280,7 +280,7 @@ class Rendezvous:
             found = await store.wait(keys, _timeout(payload))
             if not found and any(store.is_abandoned(key) for key in keys):
                 return _error(410, "the round these keys belong to broke")
-            values = [store.get(key) for key in keys]
+            values = [store.get(key) or b"" for key in keys]
             result = {"values": [_b64(v) for v in values] if found else None}
         elif op == "add":
             try:

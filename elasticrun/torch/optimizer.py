@@ -95,9 +95,9 @@ def DistributedOptimizer(  # noqa: N802 - a factory named like the class it make
     With backward_passes_per_step N, call step() after every N backward passes: the
     accumulated gradient is reduced once, at step().
     """
-    base = type(optimizer)
-    cls = type(base.__name__, (_DistributedMixin, base), {})
-    wrapped = cls.__new__(cls)
+    base: type = type(optimizer)
+    cls: type = type(base.__name__, (_DistributedMixin, base), {})
+    wrapped: Any = object.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)
     wrapped._er_setup(named_parameters, backward_passes_per_step, op)
     return wrapped  # type: ignore[no-any-return]

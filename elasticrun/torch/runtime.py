@@ -67,9 +67,10 @@ def init() -> None:
         _runtime.store = dist.HashStore()
         _init_process_group(_runtime)
         return
+    client = DriverClient.from_env()
     runtime = Runtime(
         slot=SlotInfo("", 0, 1, 0, 1, 0, 1),
-        client=DriverClient.from_env(),
+        client=client,
         worker_id=env[protocol.ENV_WORKER_ID],
         collective_timeout=float(env.get(protocol.ENV_COLLECTIVE_TIMEOUT, "60")),
         round_timeout=float(env.get(protocol.ENV_ROUND_TIMEOUT, "600")),
@@ -77,7 +78,7 @@ def init() -> None:
                              int(env[protocol.ENV_RENDEZVOUS_PORT])),
     )
     runtime.notices = NoticeWatcher(
-        runtime.client, lambda: runtime.round, lambda broken: _round_broken(runtime, broken))
+        client, lambda: runtime.round, lambda broken: _round_broken(runtime, broken))
     _join(runtime, last_round=0)
     runtime.notices.start()
     _runtime = runtime

@@ -85,7 +85,7 @@ class TorchState(State):
     def _load_objects(self, states: dict[str, Any]) -> None:
         for name, value in states.items():
             current = getattr(self, name, None)
-            if _stateful(current):
+            if current is not None and _stateful(current):
                 current.load_state_dict(value)
             else:
                 setattr(self, name, value)
