@@ -29,6 +29,7 @@ from elasticrun.driver.assignment import (
 )
 from elasticrun.driver.hosts import HostRegistry
 from elasticrun.driver.output import OutputRouter
+from elasticrun.driver.pool import PoolSettings, WorkerPool
 from elasticrun.driver.rendezvous import Rendezvous
 from elasticrun.driver.workers import (
     EnvSettings,
@@ -37,7 +38,6 @@ from elasticrun.driver.workers import (
     describe_exit,
     launcher_env,
     new_worker_id,
-    worker_env,
 )
 from elasticrun.errors import DiscoveryError, ElasticrunError, JobFailedError, SpawnError
 from elasticrun.spawn.base import Spawner, is_local_host, local_names
@@ -70,10 +70,13 @@ class Driver:
         self._registry = HostRegistry(config.blacklist_cooldown)
         self._secret = protocol.new_secret()
         self._rendezvous = Rendezvous(self._secret, self)
-        self._workers: dict[str, Worker] = {}
+        self._pool: WorkerPool | None = None
         self._round_number = 0
         self._assignment: Assignment = {}
         self._notified: Assignment | None = None
+        self._pending: Assignment | None = None  # next round's hosts, while standbys start
+        self._standby: set[str] = set()  # started ahead of the round that will need them
+        self._standby_ready: set[str] = set()
         self._forming_round = False
         self._warned_small: Assignment | None = None
         self._reset_requests: set[str] = set()
@@ -81,8 +84,6 @@ class Driver:
         self._finishing = False
         self._stopping = False
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._env_settings: EnvSettings | None = None
-        self._started_at = time.monotonic()
 
     # --- lifecycle ----------------------------------------------------------------------
     async def run(self) -> int:
@@ -109,7 +110,7 @@ class Driver:
             self._is_local(host) for host in self._registry.discovered)
         bind, advertised = ("127.0.0.1", "127.0.0.1") if all_local else ("0.0.0.0", _own_address())
         port = await self._rendezvous.start(bind)
-        self._env_settings = EnvSettings(
+        env_settings = EnvSettings(
             rendezvous_addr=advertised,
             rendezvous_port=port,
             secret=self._secret,
@@ -117,6 +118,14 @@ class Driver:
             round_timeout=self._config.start_timeout + self._config.elastic_timeout,
             gloo_interface=self._config.network_interface or ("lo" if all_local else None),
         )
+        settings = PoolSettings(
+            command=self._config.command,
+            working_dir=self._config.working_dir,
+            grace_period=self._config.stop_grace_period,
+            env_settings=env_settings,
+            base_env=self._base_env if self._base_env is not None else launcher_env(),
+        )
+        self._pool = WorkerPool(settings, self._spawner_for, self._output, self._on_worker_exit)
         log.debug("rendezvous server on %s:%d", bind, port)
         await self._wait_for_start()
         self._run_task(self._round_manager())
@@ -127,15 +136,8 @@ class Driver:
         self._stopping = True
         for task in list(self._tasks):
             task.cancel()
-        alive = [w for w in self._workers.values() if w.alive and w.process is not None]
-        if alive:
-            log.info("stopping %d worker(s)", len(alive))
-        grace = self._config.stop_grace_period
-        await asyncio.gather(*(w.process.stop(grace) for w in alive if w.process),
-                             return_exceptions=True)
-        watchers = [w.watcher for w in self._workers.values() if w.watcher is not None]
-        if watchers:
-            await asyncio.wait(watchers, timeout=grace + 5.0)
+        if self._pool is not None:
+            await self._pool.stop_all()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._rendezvous.stop()
 
@@ -195,7 +197,7 @@ class Driver:
             await asyncio.sleep(self._config.discovery_interval)
             await self._poll_discovery(first_error_fatal=False)
             self._hosts_changed.set()
-            self._check_host_changes()
+            await self._prepare_host_change()
 
     _last_discovery_error: str | None = None
 
@@ -219,24 +221,49 @@ class Driver:
         ordered = order_hosts(hosts_in_rank_order(self._assignment), usable)
         return assign([(host, usable[host]) for host in ordered], self._config.max_np)
 
-    def _check_host_changes(self) -> None:
-        """Notifies the rank-0 coordinator when the hosts would give a different round."""
+    async def _prepare_host_change(self) -> None:
+        """When the hosts would give a different round: start the workers it needs now,
+        while training goes on, and tell the workers once those have checked in."""
         if self._finishing or self._round_number == 0 or self._reround.is_set() \
                 or self._forming_round:
             return
+        assert self._pool is not None
         desired = self._desired_assignment()
-        if desired == self._assignment or desired == self._notified:
-            return
-        if len(desired) < self._config.min_np:
-            if desired != self._warned_small:
+        for worker_id in list(self._standby):  # standbys the hosts no longer want
+            worker = self._pool.get(worker_id)
+            if worker is not None and worker.slot not in desired:
+                self._standby.discard(worker_id)
+                self._pool.stop_host_slot(worker.slot)
+        if desired == self._assignment or len(desired) < self._config.min_np:
+            if len(desired) < self._config.min_np and desired != self._warned_small:
                 self._warned_small = desired
                 log.warning("hosts changed, but %d slot(s) are fewer than --min-np %d; "
                             "training continues on the current hosts", len(desired),
                             self._config.min_np)
+            self._pending = None
+            return
+        self._pending = desired
+        missing = [slot for slot in desired if self._pool.holder(slot) is None]
+        if missing:
+            log.info("hosts changed: starting %d worker(s) for the next round while "
+                     "training continues", len(missing))
+            master = self._master_endpoint(desired)
+            for slot in missing:
+                worker_id = new_worker_id(slot)
+                self._standby.add(worker_id)
+                await self._spawn(slot, worker_id, desired, master, standby=True)
+        self._notify_if_ready()
+
+    def _notify_if_ready(self) -> None:
+        """Notifies the rank-0 coordinator once every standby of the next round is ready."""
+        desired = self._pending
+        if desired is None or desired == self._notified or self._pool is None:
+            return
+        if any(worker_id not in self._standby_ready for worker_id in self._standby):
             return
         self._notified = desired
         seq = self._rendezvous.post_notice()
-        log.info("hosts changed: next round would have world size %d; notified workers "
+        log.info("hosts changed: next round will have world size %d; notified workers "
                  "(notice %d)", len(desired), seq)
 
     # --- rounds -----------------------------------------------------------------------------
@@ -274,10 +301,11 @@ class Driver:
             self._fail(f"reset limit {limit} reached: another reset was needed"
                        f"{self._root_cause_suffix()}")
             return
+        assert self._pool is not None
         members: dict[SlotId, str] = {}
         new_slots: list[SlotId] = []
         for slot in assignment:
-            holder = self._live_member(slot)
+            holder = self._pool.holder(slot)
             if holder is not None:
                 members[slot] = holder.id
             else:
@@ -286,6 +314,9 @@ class Driver:
         self._round_number = number
         self._assignment = assignment
         self._notified = None
+        self._pending = None
+        self._standby.clear()
+        self._standby_ready.clear()
         self._reset_requests.clear()
         self._rendezvous.open_round(number, assignment, members)
         log.info("round %d: world size %d on %s%s", number, len(assignment),
@@ -293,7 +324,7 @@ class Driver:
                  f" ({len(new_slots)} new worker(s))" if number > 1 and new_slots else "")
         master = self._master_endpoint(assignment)
         for slot in new_slots:
-            await self._spawn(slot, members[slot], assignment, master)
+            await self._spawn(slot, members[slot], assignment, master, standby=False)
 
     async def _wait_for_capacity(self) -> Assignment | None:
         """The next round's assignment once --min-np slots exist; None if the job failed."""
@@ -329,12 +360,6 @@ class Driver:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._hosts_changed.wait(), remaining)
 
-    def _live_member(self, slot: SlotId) -> Worker | None:
-        for worker in self._workers.values():
-            if worker.slot == slot and worker.alive and worker.state is WorkerState.RUNNING:
-                return worker
-        return None
-
     def _master_endpoint(self, assignment: Assignment) -> tuple[str, int]:
         """MASTER_ADDR/MASTER_PORT for torchrun-style scripts: rank 0's host, a free port."""
         rank0 = min(assignment.items(), key=lambda item: item[1].rank)[0].host
@@ -343,47 +368,28 @@ class Driver:
         return rank0, _free_port()
 
     # --- workers ------------------------------------------------------------------------------
-    async def _spawn(
-        self, slot: SlotId, worker_id: str, assignment: Assignment, master: tuple[str, int]
-    ) -> None:
-        info = assignment[slot]
-        worker = Worker(id=worker_id, slot=slot, rank=info.rank)
-        self._workers[worker_id] = worker
-        self._rendezvous.register_worker(worker_id, slot)
-        assert self._env_settings is not None
-        env = worker_env(self._base_env if self._base_env is not None else launcher_env(),
-                         self._env_settings, worker_id, info, *master)
+    async def _spawn(self, slot: SlotId, worker_id: str, assignment: Assignment,
+                     master: tuple[str, int], standby: bool) -> None:
+        assert self._pool is not None
+        self._rendezvous.register_worker(worker_id, slot, standby=standby)
         try:
-            worker.process = await self._spawner_for(slot.host).spawn(
-                slot.host, self._config.command, env, self._config.working_dir)
+            await self._pool.spawn(worker_id, slot, assignment[slot], master)
         except SpawnError as exc:
-            worker.exit_code = 127
-            worker.state = WorkerState.FAILED
             self._rendezvous.forget_worker(worker_id)
+            self._standby.discard(worker_id)
             self._record_failure(f"{exc} (on host {slot.host})")
             self._fail_host(slot.host, str(exc))
             return
         if self._stopping:
-            await worker.process.stop(self._config.stop_grace_period)
-        worker.watcher = asyncio.get_running_loop().create_task(self._watch(worker))
-
-    async def _watch(self, worker: Worker) -> None:
-        process = worker.process
-        assert process is not None
-        pumps = [
-            asyncio.create_task(self._output.pump(process.stdout, "stdout", lambda: worker.rank)),
-            asyncio.create_task(self._output.pump(
-                process.stderr, "stderr", lambda: worker.rank, worker.stderr_tail)),
-        ]
-        code = await process.wait()
-        _, pending = await asyncio.wait(pumps, timeout=2.0)
-        for pump in pending:
-            pump.cancel()
-        self._on_worker_exit(worker, code)
+            self._pool.stop_host_slot(slot)
+        elif standby:
+            asyncio.get_running_loop().call_later(
+                self._config.start_timeout, self._standby_expired, worker_id)
 
     def _on_worker_exit(self, worker: Worker, code: int) -> None:
-        worker.exit_code = code
         self._rendezvous.forget_worker(worker.id)
+        self._standby.discard(worker.id)
+        self._standby_ready.discard(worker.id)
         if self._stopping or self._finished.done():
             return
         if worker.state in (WorkerState.RELEASED, WorkerState.STOPPING):
@@ -411,8 +417,9 @@ class Driver:
 
     def _finish_if_done(self) -> None:
         members = self._current_members()
+        assert self._pool is not None
         if members and all(
-            (w := self._workers.get(wid)) is not None and w.state is WorkerState.FINISHED
+            (w := self._pool.get(wid)) is not None and w.state is WorkerState.FINISHED
             for wid in members
         ):
             log.info("all %d worker(s) of round %d finished", len(members), self._round_number)
@@ -431,17 +438,19 @@ class Driver:
         return f"; first failure: {self._first_failure}" if self._first_failure else ""
 
     def _fail_host(self, host: str, cause: str) -> None:
-        self._rendezvous.mark_broken(self._round_number)
+        """Blacklists `host` and stops its workers. If members of the current round ran
+        there, the round is broken: its members are told, and a new round is cut."""
+        assert self._pool is not None
         entry = self._registry.blacklist(host, time.monotonic())
         until = "permanently" if entry.until is None else \
             f"for {entry.until - time.monotonic():.1f}s"
         log.warning("host %s failed (%s); blacklisted %s", host, cause, until)
-        for worker in self._workers.values():
-            if worker.slot.host == host and worker.alive and worker.process is not None and \
-                    worker.state in (WorkerState.RUNNING, WorkerState.RELEASED):
-                worker.state = WorkerState.STOPPING
-                self._run_task(worker.process.stop(self._config.stop_grace_period))
-        self._request_reround(FAILURE_COALESCE_S)
+        current = self._rendezvous.current_round
+        breaks_round = current is not None and any(slot.host == host for slot in current.members)
+        self._pool.stop_host(host)
+        if breaks_round or current is None:
+            self._rendezvous.mark_broken(self._round_number)
+            self._request_reround(FAILURE_COALESCE_S)
 
     # --- RendezvousListener ----------------------------------------------------------------------
     def barrier_started(self, round_number: int) -> None:
@@ -452,8 +461,9 @@ class Driver:
         current = self._rendezvous.current_round
         if self._stopping or current is None or current.number != round_number or current.complete:
             return
+        assert self._pool is not None
         for slot in current.missing():
-            worker = self._workers.get(current.members[slot])
+            worker = self._pool.get(current.members[slot])
             if worker is None or not worker.alive or worker.state is not WorkerState.RUNNING:
                 continue
             cause = (f"rank {current.assignment[slot].rank} on host {slot.host} did not join "
@@ -472,15 +482,29 @@ class Driver:
         else:
             self._request_reround(UNEXPLAINED_RESET_GRACE_S)
 
+    def standby_ready(self, worker_id: str) -> None:
+        if worker_id in self._standby:
+            self._standby_ready.add(worker_id)
+            self._notify_if_ready()
+
+    def _standby_expired(self, worker_id: str) -> None:
+        worker = self._pool.get(worker_id) if self._pool else None
+        if worker_id in self._standby and worker_id not in self._standby_ready \
+                and worker is not None and worker.alive and not self._stopping:
+            cause = (f"a new worker on host {worker.slot.host} did not check in within "
+                     f"{self._config.start_timeout:g}s")
+            self._record_failure(cause, worker)
+            self._fail_host(worker.slot.host, cause)
+
     def worker_released(self, worker_id: str) -> None:
-        worker = self._workers.get(worker_id)
+        worker = self._pool.get(worker_id) if self._pool else None
         if worker is not None and worker.state is WorkerState.RUNNING:
             worker.state = WorkerState.RELEASED
             log.info("worker %s has no place in round %d; it exits", worker.slot,
                      self._round_number)
 
     def worker_joined(self, worker_id: str, round_number: int, rank: int) -> None:
-        worker = self._workers.get(worker_id)
+        worker = self._pool.get(worker_id) if self._pool else None
         if worker is not None:
             worker.rank = rank
 

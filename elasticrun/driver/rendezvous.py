@@ -42,6 +42,8 @@ class RendezvousListener(Protocol):
 
     def worker_joined(self, worker_id: str, round_number: int, rank: int) -> None: ...
 
+    def standby_ready(self, worker_id: str) -> None: ...
+
 
 @dataclass
 class Round:
@@ -66,6 +68,8 @@ class Rendezvous:
         self._listener = listener
         self.store = KVStore()
         self._workers: dict[str, SlotId] = {}
+        self._standby: set[str] = set()  # started for a round not yet opened
+        self._standby_seen: set[str] = set()
         self._round: Round | None = None
         self._notice_seq = 0
         self._broken_round = 0
@@ -84,15 +88,23 @@ class Rendezvous:
     def notice_seq(self) -> int:
         return self._notice_seq
 
-    def register_worker(self, worker_id: str, slot: SlotId) -> None:
+    def register_worker(self, worker_id: str, slot: SlotId, standby: bool = False) -> None:
+        """`standby`: the worker is for a round not yet opened; it waits instead of being
+        told to leave while the current round has no place for it."""
         self._workers[worker_id] = slot
+        if standby:
+            self._standby.add(worker_id)
 
     def forget_worker(self, worker_id: str) -> None:
         self._workers.pop(worker_id, None)
+        self._standby.discard(worker_id)
+        self._standby_seen.discard(worker_id)
 
     def open_round(self, number: int, assignment: Assignment, members: dict[SlotId, str]) -> Round:
         previous = self._round
         self._round = Round(number, dict(assignment), dict(members), self._notice_seq)
+        self._standby.clear()  # standbys are members now, or have no place
+        self._standby_seen.clear()
         if previous is not None:
             self.store.delete_prefix(protocol.round_prefix(previous.number - 1))
         self._wake()
@@ -220,21 +232,26 @@ class Rendezvous:
                 return protocol.JoinReply("exit", reason="this worker was stopped")
             if current is not None and current.number > last_round:
                 if current.members.get(slot) != worker_id:
-                    self._listener.worker_released(worker_id)
-                    return protocol.JoinReply(
-                        "exit", round=current.number, reason="no place in the new round")
-                if worker_id not in current.joined:
-                    current.joined.add(worker_id)
-                    if len(current.joined) == 1:
-                        self._listener.barrier_started(current.number)
-                    if not current.missing():
-                        current.complete = True
-                        self._wake()
-                if current.complete:
-                    info = current.assignment[slot]
-                    self._listener.worker_joined(worker_id, current.number, info.rank)
-                    return protocol.JoinReply(
-                        "run", round=current.number, slot=info, notice_seq=current.notice_seq)
+                    if worker_id not in self._standby:
+                        self._listener.worker_released(worker_id)
+                        return protocol.JoinReply(
+                            "exit", round=current.number, reason="no place in the new round")
+                    if worker_id not in self._standby_seen:  # waits for the next round
+                        self._standby_seen.add(worker_id)
+                        self._listener.standby_ready(worker_id)
+                else:
+                    if worker_id not in current.joined:
+                        current.joined.add(worker_id)
+                        if len(current.joined) == 1:
+                            self._listener.barrier_started(current.number)
+                        if not current.missing():
+                            current.complete = True
+                            self._wake()
+                    if current.complete:
+                        info = current.assignment[slot]
+                        self._listener.worker_joined(worker_id, current.number, info.rank)
+                        return protocol.JoinReply("run", round=current.number, slot=info,
+                                                  notice_seq=current.notice_seq)
             elif current is not None and not asked_reset:
                 asked_reset = True
                 self._listener.reset_requested(worker_id, last_round)

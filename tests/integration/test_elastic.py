@@ -14,9 +14,11 @@ COMMON = ["--start-timeout", "60", "--discovery-interval", "0.2"]
 
 
 def train_env(samples: int = 64, epochs: int = 3, batch: int = 4, sleep: float = 0.0,
-              faults: str = "", progress: Path | None = None) -> dict[str, str]:
+              faults: str = "", progress: Path | None = None,
+              slow_below: int = 0) -> dict[str, str]:
     env = {"TRAIN_SAMPLES": str(samples), "TRAIN_EPOCHS": str(epochs),
-           "TRAIN_BATCH": str(batch), "TRAIN_STEP_SLEEP": str(sleep), "FAULTS": faults}
+           "TRAIN_BATCH": str(batch), "TRAIN_STEP_SLEEP": str(sleep), "FAULTS": faults,
+           "TRAIN_SLOW_BELOW": str(slow_below)}
     if progress is not None:
         env["PROGRESS_FILE"] = str(progress)
     return env
@@ -57,19 +59,25 @@ if state["phase"] >= 1:
     print("127.0.0.1:2")
 """)
     script.chmod(0o755)
-    env = train_env(samples=64, epochs=4, sleep=0.05, progress=progress)
+    env = train_env(samples=64, epochs=6, progress=progress, slow_below=4)
     result = run_job(["-np", "2", "--host-discovery-script", str(script), *COMMON, *TRAIN],
                      env, log_dir=tmp_path / "logs", timeout=180)
     assert_ok(result)
-    views = check_job(result.records, samples=64, epochs=4)
+    views = check_job(result.records, samples=64, epochs=6)
     assert [v.size for v in views] == [2, 4, 2]
     assert set(views[0].hosts_by_rank.values()) == {"localhost"}
     assert set(views[-1].hosts_by_rank.values()) == {"127.0.0.1"}
-    last_epoch_steps = [r for r in result.events("step") if r["epoch"] == 3]
+    last_epoch_steps = [r for r in result.events("step") if r["epoch"] == 5]
     assert last_epoch_steps and {r["host"] for r in last_epoch_steps if r["round"] ==
                                  views[-1].number} == {"127.0.0.1"}
     # Survivors kept their processes: the 127.0.0.1 workers of round 2 are those of round 3.
     assert set(views[1].ranks_by_pid) >= set(views[2].ranks_by_pid)
+    # The new workers were started while training went on at world size 2 (not after it
+    # stopped for them): each started before the last step of the smaller world.
+    newcomers = set(views[1].ranks_by_pid) - set(views[0].ranks_by_pid)
+    started = {r["pid"]: r["time"] for r in result.events("start") if r["pid"] in newcomers}
+    last_small_step = max(r["time"] for r in result.events("step") if r["round"] == 1)
+    assert len(started) == 2 and max(started.values()) < last_small_step
 
 
 @pytest.mark.parametrize("mode", ["exception", "sigkill"])
@@ -141,10 +149,10 @@ def test_reset_limit(tmp_path: Path, limit: int, succeeds: bool) -> None:
 def test_failed_host_returns_after_cooldown(tmp_path: Path) -> None:
     result = run_job(["-H", "localhost:2,127.0.0.1:2", "--min-np", "2",
                       "--blacklist-cooldown-range", "1", "1.5", *COMMON, *TRAIN],
-                     train_env(samples=128, epochs=4, sleep=0.05, faults="4:2:exit"),
+                     train_env(samples=64, epochs=6, faults="4:2:exit", slow_below=4),
                      log_dir=tmp_path, timeout=180)
     assert_ok(result)
-    views = check_job(result.records, samples=128, epochs=4)
+    views = check_job(result.records, samples=64, epochs=6)
     assert [v.size for v in views] == [4, 2, 4]
     assert set(views[2].hosts_by_rank.values()) == {"localhost", "127.0.0.1"}
     assert "blacklisted for" in result.stderr

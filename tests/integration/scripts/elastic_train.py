@@ -29,6 +29,9 @@ EPOCHS = int(os.environ.get("TRAIN_EPOCHS", "3"))
 SAMPLES = int(os.environ.get("TRAIN_SAMPLES", "64"))
 BATCH = int(os.environ.get("TRAIN_BATCH", "4"))
 STEP_SLEEP = float(os.environ.get("TRAIN_STEP_SLEEP", "0"))
+# Steps are slower while the world is smaller than this, so that a scale-up (whose new
+# workers start while training goes on) arrives before the job ends.
+SLOW_BELOW = int(os.environ.get("TRAIN_SLOW_BELOW", "0"))
 BASE_LR = 0.0125
 LOG_DIR = os.environ["LOG_DIR"]
 PROGRESS_FILE = os.environ.get("PROGRESS_FILE")
@@ -67,6 +70,7 @@ def maybe_fault(step: int) -> None:
 
 
 def main() -> None:
+    log("start")
     er.init()
     torch.manual_seed(0)
     generator = torch.Generator().manual_seed(7)
@@ -114,7 +118,9 @@ def main() -> None:
                     with open(PROGRESS_FILE + ".tmp", "w") as file:
                         json.dump([state.step, er.size()], file)
                     os.replace(PROGRESS_FILE + ".tmp", PROGRESS_FILE)
-                if STEP_SLEEP:
+                if er.size() < SLOW_BELOW:
+                    time.sleep(0.2)
+                elif STEP_SLEEP:
                     time.sleep(STEP_SLEEP)
             state.epoch += 1
             state.sampler.set_epoch(state.epoch)
