@@ -64,6 +64,13 @@ def _positive(_ctx: click.Context, param: click.Parameter, value: float | None) 
 @click.option("--collective-timeout", type=float, default=60.0, show_default=True,
               callback=_positive, help="Seconds a collective may block before it counts "
                                        "as a failure.")
+@click.option("--ssh-port", type=click.IntRange(1, 65535),
+              help="SSH port of remote hosts [default: from ~/.ssh/config, else 22].")
+@click.option("--ssh-identity-file", type=click.Path(path_type=Path), metavar="FILE",
+              help="Private key for SSH [default: ~/.ssh/config, the agent, ~/.ssh keys].")
+@click.option("--ssh-accept-new-host-keys", is_flag=True,
+              help="Accept and record unknown SSH host keys (a changed key is always "
+                   "refused).")
 @click.option("--network-interface", metavar="IFACE",
               help="Network interface for Gloo traffic between workers (GLOO_SOCKET_IFNAME).")
 @click.option("--output-filename", type=click.Path(path_type=Path), metavar="DIR",
@@ -140,6 +147,9 @@ def build_config(
     network_interface: str | None,
     output_filename: Path | None,
     prefix_output_with_timestamp: bool,
+    ssh_port: int | None = None,
+    ssh_identity_file: Path | None = None,
+    ssh_accept_new_host_keys: bool = False,
 ) -> DriverConfig:
     default_slots = slots_per_host or 1
     static_hosts = None
@@ -181,6 +191,9 @@ def build_config(
         network_interface=network_interface,
         output_filename=output_filename,
         prefix_timestamp=prefix_output_with_timestamp,
+        ssh_port=ssh_port,
+        ssh_identity_file=ssh_identity_file,
+        ssh_accept_new_host_keys=ssh_accept_new_host_keys,
     )
 
 

@@ -29,6 +29,9 @@ class DriverConfig:
     output_filename: Path | None = None
     prefix_timestamp: bool = False
     stop_grace_period: float = 5.0
+    ssh_port: int | None = None
+    ssh_identity_file: Path | None = None
+    ssh_accept_new_host_keys: bool = False
     working_dir: Path = field(default_factory=Path.cwd)
 
     @property

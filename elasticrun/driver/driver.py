@@ -40,8 +40,10 @@ from elasticrun.driver.workers import (
     new_worker_id,
 )
 from elasticrun.errors import DiscoveryError, ElasticrunError, JobFailedError, SpawnError
+from elasticrun.netif import address_towards, interface_address
 from elasticrun.spawn.base import Spawner, is_local_host, local_names
 from elasticrun.spawn.local import LocalSpawner
+from elasticrun.spawn.ssh import SSHSettings, SSHSpawner
 
 log = logging.getLogger("elasticrun.driver")
 
@@ -64,8 +66,11 @@ class Driver:
         self._discovery = discovery
         self._output = output
         self._local_names = local_names()
-        local = LocalSpawner()
-        self._spawner_for = spawner_for or (lambda host: local)
+        self._local_spawner = LocalSpawner()
+        self._ssh_spawner: SSHSpawner | None = None
+        self._spawner_for = spawner_for or self._default_spawner
+        self._addresses: dict[str, str] = {}
+        self._all_local = False
         self._base_env = dict(base_env) if base_env is not None else None
         self._registry = HostRegistry(config.blacklist_cooldown)
         self._secret = protocol.new_secret()
@@ -108,7 +113,9 @@ class Driver:
         self._registry.update(await self._discovery.find_hosts())
         all_local = not self._config.dynamic_hosts and all(
             self._is_local(host) for host in self._registry.discovered)
-        bind, advertised = ("127.0.0.1", "127.0.0.1") if all_local else ("0.0.0.0", _own_address())
+        self._all_local = all_local
+        bind = "127.0.0.1" if all_local else "0.0.0.0"
+        advertised = "127.0.0.1" if all_local else self._address_for("localhost")
         port = await self._rendezvous.start(bind)
         env_settings = EnvSettings(
             rendezvous_addr=advertised,
@@ -125,7 +132,8 @@ class Driver:
             env_settings=env_settings,
             base_env=self._base_env if self._base_env is not None else launcher_env(),
         )
-        self._pool = WorkerPool(settings, self._spawner_for, self._output, self._on_worker_exit)
+        self._pool = WorkerPool(settings, self._spawner_for, self._address_for, self._output,
+                                self._on_worker_exit)
         log.debug("rendezvous server on %s:%d", bind, port)
         await self._wait_for_start()
         self._run_task(self._round_manager())
@@ -138,6 +146,8 @@ class Driver:
             task.cancel()
         if self._pool is not None:
             await self._pool.stop_all()
+        if self._ssh_spawner is not None:
+            await self._ssh_spawner.close()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._rendezvous.stop()
 
@@ -172,6 +182,40 @@ class Driver:
     # --- hosts ----------------------------------------------------------------------------
     def _is_local(self, host: str) -> bool:
         return is_local_host(host, self._local_names)
+
+    def _default_spawner(self, host: str) -> Spawner:
+        """Local hosts run subprocesses; every other host is reached over SSH."""
+        if self._is_local(host):
+            return self._local_spawner
+        if self._ssh_spawner is None:
+            config = self._config
+            self._ssh_spawner = SSHSpawner(SSHSettings(
+                port=config.ssh_port,
+                identity_file=config.ssh_identity_file,
+                accept_new_host_keys=config.ssh_accept_new_host_keys,
+                connect_timeout=min(10.0, config.start_timeout),
+                stop_grace_period=config.stop_grace_period,
+            ))
+        return self._ssh_spawner
+
+    def _address_for(self, host: str) -> str:
+        """The driver's address as `host` should dial it: loopback for all-local jobs,
+        else the local address that routes to that host (or to the first remote host,
+        for workers on this machine), or the --network-interface address."""
+        if self._all_local:
+            return "127.0.0.1"
+        if host not in self._addresses:
+            address = interface_address(self._config.network_interface) \
+                if self._config.network_interface else None
+            if address is None:
+                remote = host if not self._is_local(host) else next(
+                    (h for h in self._registry.discovered if not self._is_local(h)), None)
+                try:
+                    address = address_towards(remote, 22) if remote else _own_address()
+                except OSError:
+                    address = _own_address()
+            self._addresses[host] = address
+        return self._addresses[host]
 
     async def _wait_for_start(self) -> None:
         config = self._config
@@ -248,10 +292,10 @@ class Driver:
             log.info("hosts changed: starting %d worker(s) for the next round while "
                      "training continues", len(missing))
             master = self._master_endpoint(desired)
-            for slot in missing:
-                worker_id = new_worker_id(slot)
-                self._standby.add(worker_id)
-                await self._spawn(slot, worker_id, desired, master, standby=True)
+            ids = {slot: new_worker_id(slot) for slot in missing}
+            self._standby.update(ids.values())
+            await asyncio.gather(*(self._spawn(slot, ids[slot], desired, master, True)
+                                   for slot in missing))
         self._notify_if_ready()
 
     def _notify_if_ready(self) -> None:
@@ -323,8 +367,8 @@ class Driver:
                  _format_hosts(_slots_per_host(assignment)),
                  f" ({len(new_slots)} new worker(s))" if number > 1 and new_slots else "")
         master = self._master_endpoint(assignment)
-        for slot in new_slots:
-            await self._spawn(slot, members[slot], assignment, master, standby=False)
+        await asyncio.gather(*(self._spawn(slot, members[slot], assignment, master, False)
+                               for slot in new_slots))
 
     async def _wait_for_capacity(self) -> Assignment | None:
         """The next round's assignment once --min-np slots exist; None if the job failed."""
@@ -441,6 +485,8 @@ class Driver:
         """Blacklists `host` and stops its workers. If members of the current round ran
         there, the round is broken: its members are told, and a new round is cut."""
         assert self._pool is not None
+        if self._registry.is_blacklisted(host, time.monotonic()):
+            return  # already failed (its other workers report the same cause)
         entry = self._registry.blacklist(host, time.monotonic())
         until = "permanently" if entry.until is None else \
             f"for {entry.until - time.monotonic():.1f}s"

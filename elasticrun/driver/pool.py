@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from elasticrun import protocol
 from elasticrun.driver.assignment import SlotId
 from elasticrun.driver.output import OutputRouter
 from elasticrun.driver.workers import EnvSettings, Worker, WorkerState, worker_env
@@ -38,11 +39,13 @@ class WorkerPool:
         self,
         settings: PoolSettings,
         spawner_for: Callable[[str], Spawner],
+        address_for: Callable[[str], str],
         output: OutputRouter,
         on_exit: Callable[[Worker, int], None],
     ) -> None:
         self._settings = settings
         self._spawner_for = spawner_for
+        self._address_for = address_for
         self._output = output
         self._on_exit = on_exit
         self.workers: dict[str, Worker] = {}
@@ -65,6 +68,7 @@ class WorkerPool:
         self.workers[worker_id] = worker
         settings = self._settings
         env = worker_env(settings.base_env, settings.env_settings, worker_id, info, *master)
+        env[protocol.ENV_RENDEZVOUS_ADDR] = self._address_for(slot.host)
         try:
             worker.process = await self._spawner_for(slot.host).spawn(
                 slot.host, settings.command, env, settings.working_dir)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch.distributed as dist
 
 from elasticrun import protocol
+from elasticrun.netif import interface_towards
 from elasticrun.protocol import SlotInfo
 from elasticrun.worker.client import DriverClient
 from elasticrun.worker.notices import NoticeWatcher
@@ -77,6 +78,10 @@ def init() -> None:
         driver_peer=_resolve(env[protocol.ENV_RENDEZVOUS_ADDR],
                              int(env[protocol.ENV_RENDEZVOUS_PORT])),
     )
+    if "GLOO_SOCKET_IFNAME" not in env:
+        interface = interface_towards(*runtime.driver_peer)
+        if interface:  # the interface that reaches the driver reaches the peers too
+            os.environ["GLOO_SOCKET_IFNAME"] = interface
     runtime.notices = NoticeWatcher(
         client, lambda: runtime.round, lambda broken: _round_broken(runtime, broken))
     _join(runtime, last_round=0)

@@ -1,0 +1,305 @@
+"""elasticrun across "machines": network namespaces on one bridge, a real sshd in each.
+
+elasticrun runs inside a launcher namespace; the hosts 10.77.0.11.. are other namespaces,
+reached over SSH (see netns.py). Real workers, real Gloo over the bridge, real failures:
+a host that dies, a link that goes down, a host that joins, Ctrl-C, hosts that cannot be
+reached. After each test no process may be left in any namespace of the cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from tests.integration.harness import (
+    PYTHON,
+    SCRIPTS,
+    JobResult,
+    assert_no_orphans,
+    job_env,
+    read_records,
+    tagged_pids,
+)
+from tests.integration.progress import check_job
+from tests.ssh.netns import Cluster, keygen, kill_all, unavailable
+
+H1, H2, H3 = "10.77.0.11", "10.77.0.12", "10.77.0.13"
+TRAIN = [PYTHON, str(SCRIPTS / "elastic_train.py")]
+COMMON = ["--start-timeout", "60", "--discovery-interval", "0.2"]
+WORKER_LINE = re.compile(r"^\[(\d+)\]<stdout>:")
+
+
+# --- fixtures ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    reason = unavailable()
+    if reason is not None:
+        pytest.skip(f"multi-host tests need network namespaces and sshd: {reason}")
+    built = Cluster.create(tmp_path_factory.mktemp("cluster"), n_hosts=3)
+    try:
+        yield built
+    finally:
+        built.destroy()
+
+
+@pytest.fixture(autouse=True)
+def nothing_left(cluster: Cluster) -> Iterator[None]:
+    """Every test starts and ends with no process in the cluster but the sshd listeners."""
+    assert not cluster.strays(), f"processes left by an earlier test: {cluster.strays()}"
+    yield
+    left = cluster.wait_for_no_strays(within=15.0)
+    kill_all(list(left))
+    assert not left, f"processes left in the cluster's namespaces: {left}"
+
+
+# --- running elasticrun in the launcher namespace ------------------------------------------
+
+
+def train_env(cluster: Cluster, home: Path | None = None, samples: int = 64, epochs: int = 3,
+              sleep: float = 0.0, faults: str = "", progress: Path | None = None,
+              slow_below: int = 0) -> dict[str, str]:
+    env = {"HOME": str(home or cluster.home), "TRAIN_SAMPLES": str(samples),
+           "TRAIN_EPOCHS": str(epochs), "TRAIN_BATCH": "4", "TRAIN_STEP_SLEEP": str(sleep),
+           "FAULTS": faults, "TRAIN_SLOW_BELOW": str(slow_below)}
+    if progress is not None:
+        env["PROGRESS_FILE"] = str(progress)
+    return env
+
+
+def start_job(cluster: Cluster, args: Sequence[str], extra_env: dict[str, str],
+              log_dir: Path, cwd: Path | None = None) -> tuple[subprocess.Popen[str], str]:
+    """`elasticrun ARGS` in the launcher namespace, with the harness's tag in its env."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    env, tag = job_env({**extra_env, "LOG_DIR": str(log_dir)})
+    proc = subprocess.Popen(
+        cluster.elasticrun(args), env=env, cwd=cwd or log_dir, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return proc, tag
+
+
+def finish_job(proc: subprocess.Popen[str], tag: str, log_dir: Path, started: float,
+               timeout: float) -> JobResult:
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        stdout, stderr = proc.communicate()
+        kill_all(tagged_pids(tag))
+        raise AssertionError(f"elasticrun did not finish in {timeout}s:\n{stdout[-3000:]}\n"
+                             f"{stderr[-5000:]}") from None
+    result = JobResult(proc.returncode, stdout, stderr, time.monotonic() - started, time.time(),
+                       tag, log_dir)
+    result.records = list(read_records(log_dir))
+    return result
+
+
+def run_job(cluster: Cluster, args: Sequence[str], extra_env: dict[str, str], log_dir: Path,
+            timeout: float = 150.0) -> JobResult:
+    started = time.monotonic()
+    proc, tag = start_job(cluster, args, extra_env, log_dir)
+    result = finish_job(proc, tag, log_dir, started, timeout)
+    assert_no_orphans(tag, within=10.0)
+    return result
+
+
+def wait_for_step(progress: Path, step: int, proc: subprocess.Popen[str],
+                  within: float = 90.0) -> int:
+    """Waits until rank 0 has committed `step`; returns the step it reached."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"job ended early ({proc.returncode}):\n"
+                                 f"{proc.stderr.read() if proc.stderr else ''}")
+        try:
+            reached = int(json.loads(progress.read_text())[0])
+        except (OSError, ValueError):
+            reached = 0
+        if reached >= step:
+            return reached
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError(f"training did not reach step {step} in {within}s")
+
+
+def assert_ok(result: JobResult) -> None:
+    assert result.returncode == 0, \
+        f"job failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+
+
+def env_of(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
+
+
+def workers_on(tag: str, host: str) -> list[int]:
+    return [pid for pid in tagged_pids(tag) if env_of(pid).get("ELASTICRUN_HOSTNAME") == host]
+
+
+# --- tests ---------------------------------------------------------------------------------
+
+
+def test_job_spans_two_hosts(cluster: Cluster, tmp_path: Path) -> None:
+    result = run_job(cluster, ["-H", f"{H1}:2,{H2}:2", "--min-np", "2", *COMMON, *TRAIN],
+                     train_env(cluster), tmp_path / "logs")
+    assert_ok(result)
+    views = check_job(result.records, samples=64, epochs=3)
+    assert [v.size for v in views] == [4]
+    assert views[0].hosts_by_rank == {0: H1, 1: H1, 2: H2, 3: H2}
+    worker_lines = [line for line in result.stdout.splitlines() if WORKER_LINE.match(line)]
+    assert sorted(worker_lines) == [f"[{r}]<stdout>:finished rank {r} of 4 at step 12"
+                                    for r in range(4)], result.stdout
+    # Workers really ran in the host namespaces: their Gloo peers were 10.77.0.x.
+    assert {r["host"] for r in result.events("start")} == {H1, H2}
+
+
+@pytest.mark.parametrize("how", ["fault", "host-tree"])
+def test_host_dies(cluster: Cluster, tmp_path: Path, how: str) -> None:
+    """A worker of H2 SIGKILLs itself, or everything sshd forked on H2 is SIGKILLed."""
+    progress = tmp_path / "progress"
+    args = ["-H", f"{H1}:2,{H2}:2", "--min-np", "2", *COMMON, *TRAIN]
+    if how == "fault":
+        env = train_env(cluster, faults="5:2:sigkill")
+        result = run_job(cluster, args, env, tmp_path / "logs")
+    else:
+        env = train_env(cluster, sleep=0.15, progress=progress)
+        started = time.monotonic()
+        proc, tag = start_job(cluster, args, env, tmp_path / "logs")
+        try:
+            wait_for_step(progress, 4, proc)
+            victims = workers_on(tag, H2)
+            assert len(victims) == 2, victims
+            sessions = cluster.host(H2).sshd_tree()
+            kill_all(sessions)
+            result = finish_job(proc, tag, tmp_path / "logs", started, 150.0)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert_no_orphans(tag, within=10.0)
+    assert_ok(result)
+    views = check_job(result.records, samples=64, epochs=3)
+    assert [v.size for v in views] == [4, 2]
+    assert set(views[1].hosts_by_rank.values()) == {H1}
+    assert f"host {H2} failed" in result.stderr, result.stderr
+
+
+def test_link_cut(cluster: Cluster, tmp_path: Path) -> None:
+    """H2's link goes down mid-training: collectives time out, the job ends on H1."""
+    progress = tmp_path / "progress"
+    h2 = cluster.host(H2)
+    args = ["-H", f"{H1}:2,{H2}:2", "--min-np", "2", "--collective-timeout", "5",
+            "--start-timeout", "15", "--discovery-interval", "0.2", *TRAIN]
+    started = time.monotonic()
+    proc, tag = start_job(cluster, args, train_env(cluster, sleep=0.15, progress=progress),
+                          tmp_path / "logs")
+    try:
+        wait_for_step(progress, 4, proc)
+        cluster.set_link(h2, up=False)
+        result = finish_job(proc, tag, tmp_path / "logs", started, 90.0)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        cluster.set_link(h2, up=True)
+    assert_ok(result)
+    assert result.duration < 90.0
+    views = check_job(result.records, samples=64, epochs=3)
+    assert [v.size for v in views] == [4, 2]
+    assert set(views[-1].hosts_by_rank.values()) == {H1}
+    # H2's workers were cut off from the driver; they must still go away on their own.
+    assert_no_orphans(tag, within=30.0)
+
+
+def test_host_joins_through_discovery(cluster: Cluster, tmp_path: Path) -> None:
+    progress = tmp_path / "progress"
+    script = tmp_path / "hosts.py"
+    script.write_text(f"""#!{PYTHON}
+import json
+try:
+    step = json.load(open({str(progress)!r}))[0]
+except (OSError, ValueError):
+    step = 0
+print("{H1}:2")
+if step >= 3:
+    print("{H3}:2")
+""")
+    script.chmod(0o755)
+    result = run_job(cluster, ["-np", "2", "--host-discovery-script", str(script), *COMMON,
+                               *TRAIN],
+                     train_env(cluster, epochs=4, progress=progress, slow_below=4),
+                     tmp_path / "logs")
+    assert_ok(result)
+    views = check_job(result.records, samples=64, epochs=4)
+    assert [v.size for v in views] == [2, 4]
+    assert views[-1].hosts_by_rank == {0: H1, 1: H1, 2: H3, 3: H3}
+    # The H1 workers kept their processes across the scale-up.
+    assert set(views[0].ranks_by_pid) <= set(views[1].ranks_by_pid)
+
+
+def test_ctrl_c_leaves_nothing(cluster: Cluster, tmp_path: Path) -> None:
+    progress = tmp_path / "progress"
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    proc, tag = start_job(cluster, ["-H", f"{H1}:2,{H2}:2", "--min-np", "2", *COMMON, *TRAIN],
+                          train_env(cluster, sleep=0.3, epochs=20, progress=progress),
+                          tmp_path / "logs", cwd=job_dir)
+    try:
+        wait_for_step(progress, 3, proc)
+        assert len(workers_on(tag, H1)) == 2 and len(workers_on(tag, H2)) == 2
+        os.kill(proc.pid, signal.SIGINT)  # `ip netns exec` execs python: same pid
+        _, stderr = proc.communicate(timeout=30.0)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode in (130, -signal.SIGINT), (proc.returncode, stderr)
+    assert_no_orphans(tag, within=10.0)
+    left = cluster.wait_for_no_strays(within=10.0)
+    assert not left, f"left in the namespaces after Ctrl-C: {left}"
+    with_cwd = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if Path(os.readlink(entry / "cwd")).is_relative_to(job_dir):
+                    with_cwd.append(entry.name)
+            except OSError:
+                continue
+    assert not with_cwd, f"processes still in the job's directory: {with_cwd}"
+
+
+@pytest.mark.parametrize("fault", ["sshd-stopped", "wrong-host-key"])
+def test_unusable_host_is_skipped(cluster: Cluster, tmp_path: Path, fault: str) -> None:
+    """One of three hosts cannot be used: one clear line about it, the job runs on two."""
+    h3 = cluster.host(H3)
+    home = cluster.home
+    if fault == "sshd-stopped":
+        cluster.stop_sshd(h3)
+        reason = "connection refused"
+    else:
+        home = cluster.make_home(tmp_path / "home", {H3: keygen(tmp_path / "other_key")})
+        reason = "HOST KEY FOR 10.77.0.13 HAS CHANGED"
+    try:
+        result = run_job(cluster, ["-H", f"{H1}:1,{H2}:1,{H3}:1", "--min-np", "2", *COMMON,
+                                   *TRAIN], train_env(cluster, home=home), tmp_path / "logs")
+    finally:
+        if h3.sshd is None:
+            cluster.start_sshd(h3)
+    assert_ok(result)
+    views = check_job(result.records, samples=64, epochs=3)
+    assert views[-1].size == 2
+    assert set(views[-1].hosts_by_rank.values()) == {H1, H2}
+    about_h3 = [line for line in result.stderr.splitlines() if H3 in line]
+    assert len(about_h3) == 1, result.stderr
+    assert reason.lower() in about_h3[0].lower(), about_h3[0]

@@ -1,0 +1,109 @@
+"""Whole jobs through the SSH spawner, against a real sshd on loopback.
+
+The hosts are ~/.ssh/config aliases of 127.0.0.1 ("sshhost1", ...): not local names, so
+the driver reaches them over SSH exactly as it would reach another machine.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.harness import (
+    PYTHON,
+    SCRIPTS,
+    assert_no_orphans,
+    run_job,
+    start_job,
+)
+from tests.integration.progress import check_job
+from tests.ssh.conftest import SSHServer
+
+TRAIN = [PYTHON, str(SCRIPTS / "elastic_train.py")]
+
+
+@pytest.fixture
+def ssh_home(tmp_path: Path, sshd: SSHServer) -> Path:
+    """A HOME whose ssh config names sshhost1/sshhost2 (the sshd) and deadhost (nobody)."""
+    home = tmp_path / "home"
+    ssh_dir = home / ".ssh"
+    ssh_dir.mkdir(parents=True)
+    dead_port = sshd.free_port()
+    ssh_dir.joinpath("config").write_text("".join(
+        f"Host {alias}\n  HostName 127.0.0.1\n  Port {port}\n  IdentityFile {sshd.client_key}\n"
+        for alias, port in (("sshhost1", sshd.port), ("sshhost2", sshd.port),
+                            ("deadhost", dead_port))))
+    ssh_dir.joinpath("known_hosts").write_text(sshd.known_hosts_line())
+    return home
+
+
+def env_for(home: Path, **extra: str) -> dict[str, str]:
+    return {"HOME": str(home), "TRAIN_EPOCHS": "2", "TRAIN_SAMPLES": "32", **extra}
+
+
+def test_job_over_ssh_trains_with_prefixed_output_and_no_secret_on_command_lines(
+        ssh_home: Path) -> None:
+    result = run_job(["-H", "sshhost1:2", "--start-timeout", "60",
+                      PYTHON, str(SCRIPTS / "check_optimizer.py")],
+                     {"HOME": str(ssh_home)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("optimizer-equivalence ok") == 2
+    assert "secret-in-cmdline False" in result.stdout
+    assert "secret-in-cmdline True" not in result.stdout
+    hashes = {line.split()[-1] for line in result.stdout.splitlines() if "params" in line}
+    assert len(hashes) == 1
+    assert all(line.startswith(("[0]<", "[1]<")) for line in result.stdout.splitlines())
+
+
+def test_elastic_failure_across_local_and_ssh_hosts(tmp_path: Path, ssh_home: Path) -> None:
+    """The SSH host's worker is SIGKILLed; the job finishes on the local host."""
+    result = run_job(["-H", "localhost:2,sshhost1:2", "--min-np", "2", "--start-timeout", "60",
+                      *TRAIN], env_for(ssh_home, FAULTS="3:2:sigkill"), log_dir=tmp_path / "logs")
+    assert result.returncode == 0, result.stderr[-3000:]
+    views = check_job(result.records, samples=32, epochs=2)
+    assert [v.size for v in views] == [4, 2]
+    assert set(views[0].hosts_by_rank.values()) == {"localhost", "sshhost1"}
+    assert set(views[1].hosts_by_rank.values()) == {"localhost"}
+    assert "host sshhost1 failed" in result.stderr
+
+
+def test_unreachable_host_is_one_line_and_the_job_goes_on(tmp_path: Path,
+                                                          ssh_home: Path) -> None:
+    result = run_job(["-H", "localhost:2,deadhost:2", "--min-np", "2", "--start-timeout", "60",
+                      *TRAIN], env_for(ssh_home), log_dir=tmp_path / "logs")
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines()
+             if "deadhost" in line and "round" not in line]
+    assert len(lines) == 1 and "connection refused" in lines[0], lines
+    assert "Traceback" not in result.stderr
+    assert {v.size for v in check_job(result.records, samples=32, epochs=2)} == {2}
+
+
+def test_unknown_host_key_is_refused_unless_accepted(tmp_path: Path, ssh_home: Path) -> None:
+    (ssh_home / ".ssh" / "known_hosts").write_text("")
+    args = ["-H", "localhost:1,sshhost1:1", "--min-np", "1", "--start-timeout", "60", *TRAIN]
+    refused = run_job(args, env_for(ssh_home), log_dir=tmp_path / "refused")
+    assert refused.returncode == 0, refused.stderr[-3000:]
+    assert "known_hosts" in refused.stderr and "sshhost1 failed" in refused.stderr
+    accepted = run_job(["--ssh-accept-new-host-keys", *args], env_for(ssh_home),
+                       log_dir=tmp_path / "accepted")
+    assert accepted.returncode == 0, accepted.stderr[-3000:]
+    assert "sshhost1 failed" not in accepted.stderr
+    assert "127.0.0.1" in (ssh_home / ".ssh" / "known_hosts").read_text()
+
+
+def test_ctrl_c_leaves_no_remote_process(ssh_home: Path) -> None:
+    proc, tag = start_job(["-H", "sshhost1:2", "--start-timeout", "60",
+                           PYTHON, str(SCRIPTS / "sleepy_train.py")], {"HOME": str(ssh_home)})
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 90
+    for line in proc.stdout:
+        if "step" in line or time.monotonic() > deadline:
+            break
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=30)
+    assert proc.returncode == 130
+    assert_no_orphans(tag)
