@@ -71,6 +71,12 @@ def _positive(_ctx: click.Context, param: click.Parameter, value: float | None) 
 @click.option("--ssh-accept-new-host-keys", is_flag=True,
               help="Accept and record unknown SSH host keys (a changed key is always "
                    "refused).")
+@click.option("--remote-python", metavar="PATH",
+              help="Python interpreter that starts workers on SSH hosts "
+                   "[default: this interpreter's path].")
+@click.option("--working-dir", type=click.Path(path_type=Path), metavar="DIR",
+              help="Directory workers run in, locally and on SSH hosts [default: the "
+                   "current directory].")
 @click.option("--network-interface", metavar="IFACE",
               help="Network interface for Gloo traffic between workers (GLOO_SOCKET_IFNAME).")
 @click.option("--output-filename", type=click.Path(path_type=Path), metavar="DIR",
@@ -150,6 +156,8 @@ def build_config(
     ssh_port: int | None = None,
     ssh_identity_file: Path | None = None,
     ssh_accept_new_host_keys: bool = False,
+    remote_python: str | None = None,
+    working_dir: Path | None = None,
 ) -> DriverConfig:
     default_slots = slots_per_host or 1
     static_hosts = None
@@ -194,6 +202,8 @@ def build_config(
         ssh_port=ssh_port,
         ssh_identity_file=ssh_identity_file,
         ssh_accept_new_host_keys=ssh_accept_new_host_keys,
+        remote_python=remote_python,
+        working_dir=(working_dir or Path.cwd()).absolute(),
     )
 
 

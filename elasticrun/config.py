@@ -32,6 +32,7 @@ class DriverConfig:
     ssh_port: int | None = None
     ssh_identity_file: Path | None = None
     ssh_accept_new_host_keys: bool = False
+    remote_python: str | None = None  # None: this interpreter's path
     working_dir: Path = field(default_factory=Path.cwd)
 
     @property

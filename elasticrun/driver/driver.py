@@ -12,6 +12,7 @@ import contextlib
 import logging
 import signal
 import socket
+import sys
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -193,6 +194,7 @@ class Driver:
                 port=config.ssh_port,
                 identity_file=config.ssh_identity_file,
                 accept_new_host_keys=config.ssh_accept_new_host_keys,
+                python=config.remote_python or sys.executable,
                 connect_timeout=min(10.0, config.start_timeout),
                 stop_grace_period=config.stop_grace_period,
             ))

@@ -95,6 +95,29 @@ def test_unknown_host_key_is_refused_unless_accepted(tmp_path: Path, ssh_home: P
     assert "127.0.0.1" in (ssh_home / ".ssh" / "known_hosts").read_text()
 
 
+def test_changed_host_key_is_one_line_and_the_job_goes_on(tmp_path: Path, ssh_home: Path,
+                                                         sshd: SSHServer) -> None:
+    other_key = sshd.keygen(tmp_path / "impostor")
+    (ssh_home / ".ssh" / "known_hosts").write_text(sshd.known_hosts_line(other_key))
+    result = run_job(["-H", "localhost:1,sshhost1:1", "--min-np", "1", "--start-timeout", "60",
+                      "--ssh-accept-new-host-keys", *TRAIN], env_for(ssh_home),
+                     log_dir=tmp_path / "logs")
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if "HAS CHANGED" in line]
+    assert len(lines) == 1 and "sshhost1" in lines[0]
+    assert (ssh_home / ".ssh" / "known_hosts").read_text() == sshd.known_hosts_line(other_key)
+
+
+def test_working_dir_and_remote_python_are_used_remotely(tmp_path: Path,
+                                                         ssh_home: Path) -> None:
+    workdir = tmp_path / "a dir with spaces"
+    workdir.mkdir()
+    result = run_job(["-H", "sshhost1:1", "--working-dir", str(workdir), "--remote-python",
+                      PYTHON, "sh", "-c", 'echo "cwd=$(pwd)"'], {"HOME": str(ssh_home)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"[0]<stdout>:cwd={workdir}" in result.stdout
+
+
 def test_ctrl_c_leaves_no_remote_process(ssh_home: Path) -> None:
     proc, tag = start_job(["-H", "sshhost1:2", "--start-timeout", "60",
                            PYTHON, str(SCRIPTS / "sleepy_train.py")], {"HOME": str(ssh_home)})
