@@ -11,8 +11,6 @@ import asyncio
 import contextlib
 import logging
 import signal
-import socket
-import sys
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -30,6 +28,7 @@ from elasticrun.driver.assignment import (
 )
 from elasticrun.driver.hosts import HostRegistry
 from elasticrun.driver.output import OutputRouter
+from elasticrun.driver.placement import Placement
 from elasticrun.driver.pool import PoolSettings, WorkerPool
 from elasticrun.driver.rendezvous import Rendezvous
 from elasticrun.driver.workers import (
@@ -41,10 +40,7 @@ from elasticrun.driver.workers import (
     new_worker_id,
 )
 from elasticrun.errors import DiscoveryError, ElasticrunError, JobFailedError, SpawnError
-from elasticrun.netif import address_towards, interface_address
-from elasticrun.spawn.base import Spawner, is_local_host, local_names
-from elasticrun.spawn.local import LocalSpawner
-from elasticrun.spawn.ssh import SSHSettings, SSHSpawner
+from elasticrun.spawn.base import Spawner
 
 log = logging.getLogger("elasticrun.driver")
 
@@ -66,12 +62,8 @@ class Driver:
         self._config = config
         self._discovery = discovery
         self._output = output
-        self._local_names = local_names()
-        self._local_spawner = LocalSpawner()
-        self._ssh_spawner: SSHSpawner | None = None
-        self._spawner_for = spawner_for or self._default_spawner
-        self._addresses: dict[str, str] = {}
-        self._all_local = False
+        self._placement = Placement(config)
+        self._spawner_for = spawner_for or self._placement.spawner_for
         self._base_env = dict(base_env) if base_env is not None else None
         self._registry = HostRegistry(config.blacklist_cooldown)
         self._secret = protocol.new_secret()
@@ -112,11 +104,10 @@ class Driver:
 
     async def _start(self) -> None:
         self._registry.update(await self._discovery.find_hosts())
-        all_local = not self._config.dynamic_hosts and all(
-            self._is_local(host) for host in self._registry.discovered)
-        self._all_local = all_local
+        self._placement.set_hosts(list(self._registry.discovered))
+        all_local = self._placement.all_local
         bind = "127.0.0.1" if all_local else "0.0.0.0"
-        advertised = "127.0.0.1" if all_local else self._address_for("localhost")
+        advertised = self._placement.address_for("localhost")
         port = await self._rendezvous.start(bind)
         env_settings = EnvSettings(
             rendezvous_addr=advertised,
@@ -133,8 +124,8 @@ class Driver:
             env_settings=env_settings,
             base_env=self._base_env if self._base_env is not None else launcher_env(),
         )
-        self._pool = WorkerPool(settings, self._spawner_for, self._address_for, self._output,
-                                self._on_worker_exit)
+        self._pool = WorkerPool(settings, self._spawner_for, self._placement.address_for,
+                                self._output, self._on_worker_exit)
         log.debug("rendezvous server on %s:%d", bind, port)
         await self._wait_for_start()
         self._run_task(self._round_manager())
@@ -147,8 +138,7 @@ class Driver:
             task.cancel()
         if self._pool is not None:
             await self._pool.stop_all()
-        if self._ssh_spawner is not None:
-            await self._ssh_spawner.close()
+        await self._placement.close()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._rendezvous.stop()
 
@@ -181,43 +171,6 @@ class Driver:
         task.add_done_callback(done)
 
     # --- hosts ----------------------------------------------------------------------------
-    def _is_local(self, host: str) -> bool:
-        return is_local_host(host, self._local_names)
-
-    def _default_spawner(self, host: str) -> Spawner:
-        """Local hosts run subprocesses; every other host is reached over SSH."""
-        if self._is_local(host):
-            return self._local_spawner
-        if self._ssh_spawner is None:
-            config = self._config
-            self._ssh_spawner = SSHSpawner(SSHSettings(
-                port=config.ssh_port,
-                identity_file=config.ssh_identity_file,
-                accept_new_host_keys=config.ssh_accept_new_host_keys,
-                python=config.remote_python or sys.executable,
-                connect_timeout=min(10.0, config.start_timeout),
-                stop_grace_period=config.stop_grace_period,
-            ))
-        return self._ssh_spawner
-
-    def _address_for(self, host: str) -> str:
-        """The driver's address as `host` should dial it: loopback for all-local jobs,
-        else the local address that routes to that host (or to the first remote host,
-        for workers on this machine), or the --network-interface address."""
-        if self._all_local:
-            return "127.0.0.1"
-        if host not in self._addresses:
-            address = interface_address(self._config.network_interface) \
-                if self._config.network_interface else None
-            if address is None:
-                remote = host if not self._is_local(host) else next(
-                    (h for h in self._registry.discovered if not self._is_local(h)), None)
-                try:
-                    address = address_towards(remote, 22) if remote else _own_address()
-                except OSError:
-                    address = _own_address()
-            self._addresses[host] = address
-        return self._addresses[host]
 
     async def _wait_for_start(self) -> None:
         config = self._config
@@ -293,7 +246,7 @@ class Driver:
         if missing:
             log.info("hosts changed: starting %d worker(s) for the next round while "
                      "training continues", len(missing))
-            master = self._master_endpoint(desired)
+            master = self._placement.master_endpoint(desired)
             ids = {slot: new_worker_id(slot) for slot in missing}
             self._standby.update(ids.values())
             await asyncio.gather(*(self._spawn(slot, ids[slot], desired, master, True)
@@ -368,7 +321,7 @@ class Driver:
         log.info("round %d: world size %d on %s%s", number, len(assignment),
                  _format_hosts(_slots_per_host(assignment)),
                  f" ({len(new_slots)} new worker(s))" if number > 1 and new_slots else "")
-        master = self._master_endpoint(assignment)
+        master = self._placement.master_endpoint(assignment)
         await asyncio.gather(*(self._spawn(slot, members[slot], assignment, master, False)
                                for slot in new_slots))
 
@@ -406,12 +359,6 @@ class Driver:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._hosts_changed.wait(), remaining)
 
-    def _master_endpoint(self, assignment: Assignment) -> tuple[str, int]:
-        """MASTER_ADDR/MASTER_PORT for torchrun-style scripts: rank 0's host, a free port."""
-        rank0 = min(assignment.items(), key=lambda item: item[1].rank)[0].host
-        if self._is_local(rank0):
-            return "127.0.0.1", _free_port()
-        return rank0, _free_port()
 
     # --- workers ------------------------------------------------------------------------------
     async def _spawn(self, slot: SlotId, worker_id: str, assignment: Assignment,
@@ -568,15 +515,4 @@ def _format_hosts(hosts: HostSlots) -> str:
     return ",".join(f"{format_host(h)}:{n}" for h, n in hosts.items())
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return int(sock.getsockname()[1])
-
-
-def _own_address() -> str:
-    try:
-        return socket.gethostbyname(socket.getfqdn())
-    except OSError:
-        return "127.0.0.1"
 
