@@ -41,9 +41,9 @@ class JobResult:
         return [line for line in self.stderr.splitlines() if line.startswith("elasticrun: error")]
 
 
-def tagged_pids(tag: str) -> list[int]:
-    """Processes whose environment carries `tag` (root can read every /proc/*/environ)."""
-    needle = f"{TAG_VAR}={tag}".encode()
+def tagged_pids(tag: str, var: str = TAG_VAR) -> list[int]:
+    """Processes whose environment has var=tag (root can read every /proc/*/environ)."""
+    needle = f"{var}={tag}".encode()
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():

@@ -120,6 +120,19 @@ def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
+async def send_set_signed_at(server: Server, timestamp: str) -> Reply:
+    """A `set` correctly signed with the secret, but carrying the given timestamp."""
+    body = json.dumps({"key": "k", "value": b64(b"v")}).encode()
+    nonce = protocol.new_nonce()
+    headers = {
+        protocol.HEADER_TIMESTAMP: timestamp,
+        protocol.HEADER_NONCE: nonce,
+        protocol.HEADER_SIGNATURE: protocol.signature(
+            SECRET, "POST", KV + "set", timestamp, nonce, body),
+    }
+    return await server.send("POST", KV + "set", body, headers)
+
+
 async def eventually(condition: Callable[[], bool], timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -217,16 +230,7 @@ async def test_signature_over_other_body_path_or_method_is_refused(server: Serve
 @pytest.mark.parametrize(
     "offset", [-(protocol.SIGNATURE_WINDOW_S + 5), protocol.SIGNATURE_WINDOW_S + 5])
 async def test_stale_or_future_timestamp_is_refused(server: Server, offset: float) -> None:
-    body = json.dumps({"key": "k", "value": b64(b"v")}).encode()
-    timestamp = f"{time.time() + offset:.6f}"
-    nonce = protocol.new_nonce()
-    headers = {
-        protocol.HEADER_TIMESTAMP: timestamp,
-        protocol.HEADER_NONCE: nonce,
-        protocol.HEADER_SIGNATURE: protocol.signature(
-            SECRET, "POST", KV + "set", timestamp, nonce, body),
-    }
-    reply = await server.send("POST", KV + "set", body, headers)
+    reply = await send_set_signed_at(server, f"{time.time() + offset:.6f}")
     assert reply.status == 401
     assert reply.json["error"] == "stale request"
     assert server.rv.store.num_keys() == 0
@@ -266,15 +270,7 @@ async def test_malformed_timestamp_is_refused(server: Server) -> None:
 async def test_non_finite_timestamp_is_refused(server: Server, timestamp: str) -> None:
     """A correctly signed request whose timestamp is NaN would never go stale (every
     comparison with NaN is False) and so could be replayed once its nonce is forgotten."""
-    body = json.dumps({"key": "k", "value": b64(b"v")}).encode()
-    nonce = protocol.new_nonce()
-    headers = {
-        protocol.HEADER_TIMESTAMP: timestamp,
-        protocol.HEADER_NONCE: nonce,
-        protocol.HEADER_SIGNATURE: protocol.signature(
-            SECRET, "POST", KV + "set", timestamp, nonce, body),
-    }
-    reply = await server.send("POST", KV + "set", body, headers)
+    reply = await send_set_signed_at(server, timestamp)
     assert reply.status == 401
     assert server.rv.store.num_keys() == 0
 

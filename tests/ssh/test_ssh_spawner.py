@@ -21,6 +21,7 @@ import pytest
 
 from elasticrun.errors import SpawnError
 from elasticrun.spawn.ssh import SSHProcess, SSHSettings, SSHSpawner
+from tests.integration import harness
 
 HOST = "127.0.0.1"
 TAG_VAR = "ELASTICRUN_SSH_TEST_TAG"
@@ -41,16 +42,7 @@ def settings_for(sshd: SSHServer, **overrides: Any) -> SSHSettings:
 
 
 def tagged_pids(tag: str) -> list[int]:
-    needle = f"{TAG_VAR}={tag}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if needle in (entry / "environ").read_bytes().split(b"\0"):
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
+    return harness.tagged_pids(tag, TAG_VAR)
 
 
 def wait_until_gone(tag: str, within: float = 5.0) -> list[int]:
