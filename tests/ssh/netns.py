@@ -181,6 +181,7 @@ class Cluster:
         """Stops every sshd and everything it started, then deletes every namespace."""
         for host in self.hosts:
             self.stop_sshd(host)
+        kill_all(list(self.strays()))  # anything that escaped its sshd's process tree
         existing = ip("netns", "list", check=False).stdout
         for ns in [h.ns for h in self.hosts] + [self.launcher, self.switch]:
             if ns in existing:
@@ -280,6 +281,18 @@ class Cluster:
 
     def set_link(self, host: Host, up: bool) -> None:
         ip("-n", host.ns, "link", "set", IFNAME, "up" if up else "down")
+
+    def black_hole(self, host: Host, on: bool) -> None:
+        """On: frames to `host` are silently dropped (its link is down, while the launcher
+        still knows its MAC address, so a connect waits for its timeout). Off: undone."""
+        if on:
+            mac = ip("-n", host.ns, "-br", "link", "show", IFNAME).stdout.split()[2]
+            ip("-n", self.launcher, "neigh", "replace", host.addr, "lladdr", mac, "dev",
+               IFNAME, "nud", "permanent")
+            self.set_link(host, up=False)
+        else:
+            self.set_link(host, up=True)
+            ip("-n", self.launcher, "neigh", "del", host.addr, "dev", IFNAME, check=False)
 
     def elasticrun(self, args: Sequence[str]) -> list[str]:
         """The command line that runs `elasticrun ARGS` inside the launcher namespace."""
