@@ -45,6 +45,15 @@ def tagged_pids(tag: str) -> list[int]:
     return harness.tagged_pids(tag, TAG_VAR)
 
 
+def count_tagged(tag: str, expected: int, within: float = 5.0) -> int:
+    """How many processes carry `tag`, waiting (bounded) for `expected`: a process caught
+    in the middle of execve briefly has no readable environment."""
+    deadline = time.monotonic() + within
+    while (count := len(tagged_pids(tag))) != expected and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return count
+
+
 def wait_until_gone(tag: str, within: float = 5.0) -> list[int]:
     deadline = time.monotonic() + within
     while (left := tagged_pids(tag)) and time.monotonic() < deadline:
@@ -198,7 +207,7 @@ async def test_stop_ends_the_whole_remote_tree(
     spawner: SSHSpawner, env: dict[str, str], tag: str, tmp_path: Path
 ) -> None:
     proc = await spawn_ready(spawner, "sleep 300 & sleep 300 & echo ready; wait", env, tmp_path)
-    assert len(tagged_pids(tag)) == 3
+    assert count_tagged(tag, 3) == 3
     started = time.monotonic()
     await proc.stop(5.0)
     assert time.monotonic() - started < 3.0  # SIGTERM was enough, no need for the grace
@@ -228,6 +237,7 @@ async def test_sigterm_to_the_remote_bootstrap_ends_the_tree(
     spawner: SSHSpawner, env: dict[str, str], tag: str, tmp_path: Path
 ) -> None:
     proc = await spawn_ready(spawner, "sleep 300 & echo ready; wait", env, tmp_path)
+    assert count_tagged(tag, 2) == 2
     tagged = tagged_pids(tag)
     bootstraps = {parent_pid(pid) for pid in tagged} - set(tagged)
     assert len(bootstraps) == 1
@@ -253,7 +263,7 @@ async def test_closing_the_spawner_ends_running_workers(
     spawner = SSHSpawner(settings_for(sshd))
     procs = [await spawn_ready(spawner, "sleep 300 & echo ready; wait", env, tmp_path)
              for _ in range(2)]
-    assert len(tagged_pids(tag)) == 4
+    assert count_tagged(tag, 4) == 4
     await spawner.close()
     assert [await wait_code(p) for p in procs] == [255, 255]
     assert wait_until_gone(tag) == []
@@ -301,7 +311,7 @@ def test_killed_driver_leaves_no_remote_processes(
     try:
         assert driver.stdout is not None
         assert driver.stdout.readline() == b"ready\n"
-        assert len(tagged_pids(tag)) == 3
+        assert count_tagged(tag, 3) == 3
     finally:
         driver.kill()
         driver.wait()
