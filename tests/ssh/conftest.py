@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -13,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.ssh.sshd import descendants, keygen, kill_all, sshd_config
 
 SSHD = Path("/usr/sbin/sshd")
 MAX_SESSIONS = 3  # low, so that the tests also cover opening a second connection
@@ -51,12 +52,6 @@ def _missing_tools() -> str | None:
     return None
 
 
-def keygen(path: Path) -> str:
-    """A new ed25519 key pair at `path`; returns the public key's "type base64" part."""
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)],
-                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return " ".join(path.with_suffix(".pub").read_text().split()[:2])
-
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -66,23 +61,8 @@ def free_port() -> int:
 
 def _write_config(root: Path, port: int) -> Path:
     config = root / "sshd_config"
-    config.write_text("\n".join([
-        f"Port {port}",
-        "ListenAddress 127.0.0.1",
-        f"HostKey {root / 'host_key'}",
-        f"AuthorizedKeysFile {root / 'authorized_keys'}",
-        "PermitRootLogin prohibit-password",
-        "PubkeyAuthentication yes",
-        "PasswordAuthentication no",
-        "KbdInteractiveAuthentication no",
-        "UsePAM no",
-        "StrictModes no",
-        "UseDNS no",
-        f"MaxSessions {MAX_SESSIONS}",
-        f"PidFile {root / 'sshd.pid'}",
-        "LogLevel ERROR",
-        "",
-    ]))
+    config.write_text(sshd_config(port, "127.0.0.1", root / "host_key",
+                                  root / "authorized_keys", root / "sshd.pid", MAX_SESSIONS))
     return config
 
 
@@ -130,35 +110,13 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SSHServer]:
         _stop_sshd(proc)
 
 
-def _descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
 def _stop_sshd(proc: subprocess.Popen[bytes]) -> None:
     """Ends the listener and every session process it forked."""
-    leftovers = _descendants(proc.pid)
+    leftovers = descendants(proc.pid)
     proc.terminate()
     try:
         proc.wait(timeout=5.0)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-    for pid in leftovers:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    kill_all(leftovers)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -23,6 +22,8 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.ssh.sshd import descendants, keygen, kill_all, sshd_config
 
 SSHD = Path("/usr/sbin/sshd")
 SUBNET = "10.77.0"
@@ -54,50 +55,11 @@ def unavailable() -> str | None:
     return None
 
 
-def keygen(path: Path) -> str:
-    """A new ed25519 key pair at `path`; returns the public key's "type base64" part."""
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)],
-                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return " ".join(path.with_suffix(".pub").read_text().split()[:2])
-
-
 def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(["ip", *args], capture_output=True, text=True)
     if check and done.returncode != 0:
         raise RuntimeError(f"ip {' '.join(args)}: {done.stderr.strip()}")
     return done
-
-
-def children_map() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
-    return children
-
-
-def descendants(pid: int) -> list[int]:
-    children = children_map()
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def kill_all(pids: Sequence[int], sig: int = signal.SIGKILL) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
 
 
 @dataclass
@@ -193,22 +155,9 @@ class Cluster:
     # --- sshd ---------------------------------------------------------------------------------
 
     def _write_sshd_config(self, host: Host) -> None:
-        (host.root / "sshd_config").write_text("\n".join([
-            f"Port {SSH_PORT}",
-            f"ListenAddress {host.addr}",
-            f"HostKey {host.root / 'host_key'}",
-            f"AuthorizedKeysFile {self.root / 'authorized_keys'}",
-            "PermitRootLogin prohibit-password",
-            "PubkeyAuthentication yes",
-            "PasswordAuthentication no",
-            "KbdInteractiveAuthentication no",
-            "UsePAM no",
-            "StrictModes no",
-            "UseDNS no",
-            f"PidFile {host.root / 'sshd.pid'}",
-            "LogLevel ERROR",
-            "",
-        ]))
+        (host.root / "sshd_config").write_text(sshd_config(
+            SSH_PORT, host.addr, host.root / "host_key", self.root / "authorized_keys",
+            host.root / "sshd.pid"))
 
     def start_sshd(self, host: Host) -> None:
         log = open(host.root / "sshd.log", "ab")  # noqa: SIM115 - handed to the child

@@ -1,0 +1,67 @@
+"""Pieces shared by the SSH test fixtures: keys, sshd configuration, process trees."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def keygen(path: Path) -> str:
+    """A new ed25519 key pair at `path`; returns the public key's "type base64" part."""
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return " ".join(path.with_suffix(".pub").read_text().split()[:2])
+
+
+def sshd_config(port: int, listen: str, host_key: Path, authorized_keys: Path,
+                pid_file: Path, max_sessions: int | None = None) -> str:
+    """A key-only sshd configuration for root logins in tests."""
+    lines = [
+        f"Port {port}",
+        f"ListenAddress {listen}",
+        f"HostKey {host_key}",
+        f"AuthorizedKeysFile {authorized_keys}",
+        "PermitRootLogin prohibit-password",
+        "PubkeyAuthentication yes",
+        "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no",
+        "UsePAM no",
+        "StrictModes no",
+        "UseDNS no",
+        f"PidFile {pid_file}",
+        "LogLevel ERROR",
+    ]
+    if max_sessions is not None:
+        lines.append(f"MaxSessions {max_sessions}")
+    return "\n".join(lines) + "\n"
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` in the process tree."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_all(pids: Sequence[int], sig: int = signal.SIGKILL) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
