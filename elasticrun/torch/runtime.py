@@ -106,6 +106,9 @@ def shutdown() -> None:
     if _runtime.client is not None:
         _runtime.client.close()
     _runtime = None
+    # Let the group's C++ side (and its threads) go now, not during interpreter teardown,
+    # where torch 2.13's Gloo can abort the process ("terminate called ...").
+    gc.collect()
 
 
 def current() -> Runtime:
