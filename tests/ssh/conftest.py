@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ssh.sshd import descendants, keygen, kill_all, sshd_config
+from tests.ssh.sshd import keygen, sshd_config, stop_tree
 
 SSHD = Path("/usr/sbin/sshd")
 MAX_SESSIONS = 3  # low, so that the tests also cover opening a second connection
@@ -112,11 +112,4 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SSHServer]:
 
 def _stop_sshd(proc: subprocess.Popen[bytes]) -> None:
     """Ends the listener and every session process it forked."""
-    leftovers = descendants(proc.pid)
-    proc.terminate()
-    try:
-        proc.wait(timeout=5.0)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    kill_all(leftovers)
+    stop_tree(proc)

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.ssh.sshd import descendants, keygen, kill_all, sshd_config
+from tests.ssh.sshd import descendants, keygen, kill_all, sshd_config, stop_tree
 
 SSHD = Path("/usr/sbin/sshd")
 SUBNET = "10.77.0"
@@ -184,14 +184,7 @@ class Cluster:
         if host.sshd is None:
             return
         proc, host.sshd = host.sshd, None
-        leftovers = descendants(proc.pid)
-        proc.terminate()
-        try:
-            proc.wait(timeout=5.0)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        kill_all(leftovers + descendants(proc.pid))
+        stop_tree(proc)
 
     def session_pids(self) -> list[int]:
         """Processes that sshds of this cluster forked (sessions, bootstraps, workers)."""

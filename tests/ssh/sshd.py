@@ -59,6 +59,18 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def stop_tree(proc: subprocess.Popen[bytes]) -> None:
+    """Ends `proc` (SIGTERM, SIGKILL after 5 s) and every process it had started."""
+    leftovers = descendants(proc.pid)
+    proc.terminate()
+    try:
+        proc.wait(timeout=5.0)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    kill_all(leftovers + descendants(proc.pid))
+
+
 def kill_all(pids: Sequence[int], sig: int = signal.SIGKILL) -> None:
     for pid in pids:
         try:
