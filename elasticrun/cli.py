@@ -4,18 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
+import urllib.parse
 from pathlib import Path
 
 import click
 
 from elasticrun.config import DriverConfig
+from elasticrun.config_file import config_file_callback
 from elasticrun.discovery import HostDiscovery, HostfileDiscovery, ScriptDiscovery, StaticDiscovery
 from elasticrun.discovery.parsing import parse_hosts_flag
+from elasticrun.discovery.plugins import DiscoveryOptions, load_discovery, parse_spec
 from elasticrun.driver.driver import Driver
 from elasticrun.driver.output import OutputRouter
 from elasticrun.errors import ConfigError, DiscoveryError, ElasticrunError
+from elasticrun.status_cli import status_command
 
+ENV_WEBHOOK_TOKEN = "ELASTICRUN_WEBHOOK_TOKEN"
+ENV_EVENT_SECRET = "ELASTICRUN_EVENT_SECRET"
+MIN_TOKEN_LENGTH = 16
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
@@ -32,6 +40,10 @@ def _positive(_ctx: click.Context, param: click.Parameter, value: float | None) 
 
 
 @click.command(context_settings={**CONTEXT, "allow_interspersed_args": False})
+@click.option("--config-file", type=click.Path(path_type=Path, dir_okay=False), metavar="FILE",
+              is_eager=True, expose_value=False, callback=config_file_callback,
+              help="YAML file with the same keys as these flags (e.g. 'min-np: 2'); "
+                   "flags given on the command line override it.")
 @click.option("-np", "--num-proc", "np", type=click.IntRange(min=1),
               help="Number of worker processes to start with [default: --min-np, or all slots "
                    "of -H].")
@@ -45,6 +57,9 @@ def _positive(_ctx: click.Context, param: click.Parameter, value: float | None) 
               help="File with one 'host:slots' or 'host slots=N' per line; re-read while running.")
 @click.option("--host-discovery-script", "discovery_script", type=click.Path(path_type=Path),
               help="Executable printing the current hosts, one 'host:slots' per line.")
+@click.option("--discovery", "discovery", metavar="NAME[:ARG]",
+              help="Discovery plugin: script:PATH, static:HOSTS, hostfile:PATH, webhook[:HOSTS], "
+                   "an installed plugin's NAME[:ARG], or module.path:factory[:ARG].")
 @click.option("--discovery-interval", type=float, default=1.0, show_default=True,
               callback=_positive, help="Seconds between discovery polls.")
 @click.option("--discovery-timeout", type=float, default=10.0, show_default=True,
@@ -83,6 +98,20 @@ def _positive(_ctx: click.Context, param: click.Parameter, value: float | None) 
               help="Also append each rank's output to DIR/rank.N/stdout and .../stderr.")
 @click.option("--prefix-output-with-timestamp", is_flag=True,
               help="Start each forwarded output line with a timestamp.")
+@click.option("--port", type=click.IntRange(0, 65535), default=0,
+              help="Port of the driver's server (workers, webhook, /status, /metrics) "
+                   "[default: any free port].")
+@click.option("--webhook-token-file", type=click.Path(path_type=Path, dir_okay=False),
+              metavar="FILE", help="Turns on the host-change webhook (/v1/hosts); requests "
+                                   "must carry this bearer token. Or set "
+                                   "ELASTICRUN_WEBHOOK_TOKEN.")
+@click.option("--event-webhook", "event_webhooks", multiple=True, metavar="URL",
+              help="POST each job event as signed JSON to URL (repeatable).")
+@click.option("--event-secret-file", type=click.Path(path_type=Path, dir_okay=False),
+              metavar="FILE", help="Key that signs --event-webhook posts (HMAC-SHA256). Or set "
+                                   "ELASTICRUN_EVENT_SECRET.")
+@click.option("--event-log", type=click.Path(path_type=Path, dir_okay=False), metavar="FILE",
+              help="Append each job event to FILE as one JSON line.")
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"],
                                                case_sensitive=False),
               default="INFO", show_default=True, help="Verbosity of elasticrun's own messages.")
@@ -116,8 +145,13 @@ def cli(**options: object) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: every error the user can cause ends as one line on stderr, no traceback."""
+    args = list(sys.argv[1:] if argv is None else argv)
     try:
-        cli.main(args=argv, prog_name="elasticrun", standalone_mode=False)
+        if args[:1] == ["status"]:  # `elasticrun -- status` runs a program named status
+            status_command.main(args=args[1:], prog_name="elasticrun status",
+                                standalone_mode=False)
+            return
+        cli.main(args=args, prog_name="elasticrun", standalone_mode=False)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
@@ -158,6 +192,12 @@ def build_config(
     ssh_accept_new_host_keys: bool = False,
     remote_python: str | None = None,
     working_dir: Path | None = None,
+    discovery: str | None = None,
+    port: int = 0,
+    event_webhooks: tuple[str, ...] = (),
+    event_log: Path | None = None,
+    webhook_token_file: Path | None = None,
+    event_secret_file: Path | None = None,
 ) -> DriverConfig:
     default_slots = slots_per_host or 1
     static_hosts = None
@@ -175,9 +215,18 @@ def build_config(
                 raise ConfigError(f"-H/--hosts {hosts!r} gives no slots")
         else:
             raise ConfigError("-np is required unless -H/--hosts or --min-np is given")
-    if static_hosts is None and hostfile is None and discovery_script is None:
+    if static_hosts is None and hostfile is None and discovery_script is None \
+            and discovery is None:
         static_hosts = (("localhost", np),)
-    elastic = min_np is not None or discovery_script is not None
+    elastic = min_np is not None or discovery_script is not None or discovery is not None
+    token = _read_secret(webhook_token_file, ENV_WEBHOOK_TOKEN, "--webhook-token-file")
+    key = _read_secret(event_secret_file, ENV_EVENT_SECRET, "--event-secret-file")
+    if token is not None and len(token) < MIN_TOKEN_LENGTH:
+        raise ConfigError(f"the webhook token is {len(token)} characters; use at least "
+                          f"{MIN_TOKEN_LENGTH} (e.g. openssl rand -hex 32)")
+    if discovery is not None and parse_spec(discovery).target == "webhook" and token is None:
+        raise ConfigError("--discovery webhook needs a token for the host-change webhook: "
+                          "--webhook-token-file FILE or ELASTICRUN_WEBHOOK_TOKEN")
     if max_np is None and not elastic:
         max_np = np
     return DriverConfig(
@@ -204,11 +253,41 @@ def build_config(
         ssh_accept_new_host_keys=ssh_accept_new_host_keys,
         remote_python=remote_python,
         working_dir=(working_dir or Path.cwd()).absolute(),
+        discovery=discovery,
+        port=port,
+        event_webhooks=tuple(_check_url(url) for url in event_webhooks),
+        event_log=event_log,
+        webhook_token=token,
+        event_key=key.encode() if key is not None else None,
     )
+
+
+def _read_secret(path: Path | None, env_name: str, flag: str) -> str | None:
+    if path is not None:
+        try:
+            value = path.read_text().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = getattr(exc, "strerror", None) or "not UTF-8 text"
+            raise ConfigError(f"{flag} {path}: cannot read: {reason}") from None
+        if not value:
+            raise ConfigError(f"{flag} {path}: the file is empty")
+        return value
+    value = os.environ.get(env_name, "").strip()
+    return value or None
+
+
+def _check_url(url: str) -> str:
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ConfigError(f"--event-webhook {url!r}: expected an http:// or https:// URL")
+    return url
 
 
 def build_discovery(config: DriverConfig) -> HostDiscovery:
     default_slots = config.slots_per_host or 1
+    if config.discovery is not None:
+        options = DiscoveryOptions(None, default_slots, config.discovery_timeout)
+        return load_discovery(config.discovery, options)
     if config.discovery_script is not None:
         script = ScriptDiscovery(config.discovery_script, default_slots, config.discovery_timeout)
         script.check()

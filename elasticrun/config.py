@@ -34,16 +34,22 @@ class DriverConfig:
     ssh_accept_new_host_keys: bool = False
     remote_python: str | None = None  # None: this interpreter's path
     working_dir: Path = field(default_factory=Path.cwd)
+    discovery: str | None = None  # --discovery NAME[:ARG] or module.path:factory[:ARG]
+    port: int = 0  # the driver's server; 0: any free port
+    webhook_token: str | None = field(default=None, repr=False)
+    event_webhooks: tuple[str, ...] = ()
+    event_log: Path | None = None
+    event_key: bytes | None = field(default=None, repr=False)
 
     @property
     def elastic(self) -> bool:
         """A job is elastic when its membership may change: discovery, or a range of sizes."""
-        return self.discovery_script is not None or self.min_np != self.np or self.max_np != self.np
+        return self.dynamic_hosts or self.min_np != self.np or self.max_np != self.np
 
     @property
     def dynamic_hosts(self) -> bool:
         """Whether the host set can change while the job runs."""
-        return self.discovery_script is not None
+        return self.discovery_script is not None or self.discovery is not None
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -54,9 +60,16 @@ class DriverConfig:
             raise ConfigError(f"--min-np must be between 1 and -np ({self.np}), got {self.min_np}")
         if self.max_np is not None and self.max_np < self.np:
             raise ConfigError(f"--max-np must be at least -np ({self.np}), got {self.max_np}")
-        sources = [s for s in (self.hosts, self.hostfile, self.discovery_script) if s is not None]
+        sources = [s for s in (self.hosts, self.hostfile, self.discovery_script, self.discovery)
+                   if s is not None]
         if len(sources) > 1:
-            raise ConfigError("give only one of -H/--hosts, --hostfile, --host-discovery-script")
+            raise ConfigError("give only one of -H/--hosts, --hostfile, --host-discovery-script, "
+                              "--discovery")
+        if self.event_webhooks and not self.event_key:
+            raise ConfigError("--event-webhook needs a key to sign events with: "
+                              "--event-secret-file FILE or ELASTICRUN_EVENT_SECRET")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"--port must be 0..65535, got {self.port}")
         for name in ("discovery_interval", "discovery_timeout", "start_timeout",
                      "elastic_timeout", "collective_timeout"):
             if getattr(self, name) <= 0:

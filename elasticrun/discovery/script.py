@@ -9,7 +9,8 @@ from pathlib import Path
 
 from elasticrun.discovery.base import HostSlots
 from elasticrun.discovery.parsing import parse_host_lines
-from elasticrun.errors import DiscoveryError
+from elasticrun.discovery.plugins import DiscoveryOptions
+from elasticrun.errors import ConfigError, DiscoveryError
 
 MAX_OUTPUT_BYTES = 1024 * 1024
 
@@ -67,6 +68,15 @@ class ScriptDiscovery:
         except UnicodeDecodeError:
             raise DiscoveryError(f"{name}: printed bytes that are not UTF-8 text") from None
         return parse_host_lines(text, self._default_slots, name)
+
+
+def plugin(options: DiscoveryOptions) -> ScriptDiscovery:
+    """`--discovery script:PATH`."""
+    if not options.arg:
+        raise ConfigError("expected script:PATH")
+    script = ScriptDiscovery(Path(options.arg), options.slots_per_host, options.timeout)
+    script.check()
+    return script
 
 
 def _kill_group(pid: int) -> None:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from elasticrun.discovery.base import HostSlots
+from elasticrun.discovery.parsing import parse_hosts_flag
+from elasticrun.discovery.plugins import DiscoveryOptions
+from elasticrun.errors import ConfigError
 
 
 class StaticDiscovery:
@@ -14,3 +17,13 @@ class StaticDiscovery:
 
     def describe(self) -> str:
         return "static host list"
+
+
+def plugin(options: DiscoveryOptions) -> StaticDiscovery:
+    """`--discovery static:node1:4,node2:4`."""
+    if not options.arg:
+        raise ConfigError("expected static:HOST:SLOTS[,HOST:SLOTS...]")
+    try:
+        return StaticDiscovery(parse_hosts_flag(options.arg, options.slots_per_host))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import signal
 import time
 from collections.abc import Callable, Mapping
@@ -18,7 +19,6 @@ from typing import Any
 from elasticrun import protocol
 from elasticrun.config import DriverConfig
 from elasticrun.discovery.base import HostDiscovery, HostSlots
-from elasticrun.discovery.parsing import format_host
 from elasticrun.driver.assignment import (
     Assignment,
     SlotId,
@@ -26,11 +26,16 @@ from elasticrun.driver.assignment import (
     hosts_in_rank_order,
     order_hosts,
 )
+from elasticrun.driver.control import Control
 from elasticrun.driver.hosts import HostRegistry
+from elasticrun.driver.hostwatch import HostWatcher, format_hosts
+from elasticrun.driver.metrics import failure_cause
 from elasticrun.driver.output import OutputRouter
 from elasticrun.driver.placement import Placement
 from elasticrun.driver.pool import PoolSettings, WorkerPool
 from elasticrun.driver.rendezvous import Rendezvous
+from elasticrun.driver.status import JobView, build_status, count_states, host_states
+from elasticrun.driver.telemetry import Telemetry
 from elasticrun.driver.workers import (
     EnvSettings,
     Worker,
@@ -39,7 +44,7 @@ from elasticrun.driver.workers import (
     launcher_env,
     new_worker_id,
 )
-from elasticrun.errors import DiscoveryError, ElasticrunError, JobFailedError, SpawnError
+from elasticrun.errors import ElasticrunError, JobFailedError, SpawnError
 from elasticrun.spawn.base import Spawner
 
 log = logging.getLogger("elasticrun.driver")
@@ -60,12 +65,17 @@ class Driver:
         base_env: Mapping[str, str] | None = None,
     ) -> None:
         self._config = config
-        self._discovery = discovery
         self._output = output
+        self.job_id = secrets.token_hex(6)
+        self._started_at = time.time()
+        self._telemetry = Telemetry.for_config(config, self.job_id)
         self._placement = Placement(config)
         self._spawner_for = spawner_for or self._placement.spawner_for
         self._base_env = dict(base_env) if base_env is not None else None
         self._registry = HostRegistry(config.blacklist_cooldown)
+        self._watcher = HostWatcher(discovery, self._registry, config.discovery_interval,
+                                    self._telemetry)
+        self._control = Control(self, config.webhook_token, config.slots_per_host or 1)
         self._secret = protocol.new_secret()
         self._rendezvous = Rendezvous(self._secret, self)
         self._pool: WorkerPool | None = None
@@ -94,21 +104,34 @@ class Driver:
         self._hosts_changed = asyncio.Event()
         for sig, code in ((signal.SIGINT, EXIT_CODE_SIGINT), (signal.SIGTERM, EXIT_CODE_SIGTERM)):
             loop.add_signal_handler(sig, self._interrupted, sig, code)
+        code, error = 1, None
         try:
             await self._start()
-            return await self._finished
+            code = await self._finished
+            return code
+        except ElasticrunError as exc:
+            error = str(exc)
+            raise
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
+            if code in (EXIT_CODE_SIGINT, EXIT_CODE_SIGTERM):
+                error = "interrupted"
+            self._telemetry.job_ended(code if error is None else (code or 1), error,
+                                      self._round_number)
             await self._shutdown()
 
     async def _start(self) -> None:
-        self._registry.update(await self._discovery.find_hosts())
+        await self._watcher.first_poll()
         self._placement.set_hosts(list(self._registry.discovered))
         all_local = self._placement.all_local
         bind = "127.0.0.1" if all_local else "0.0.0.0"
         advertised = self._placement.address_for("localhost")
-        port = await self._rendezvous.start(bind)
+        port = await self._rendezvous.start(bind, self._config.port, self._control.routes())
+        log.info("job %s: status at http://%s:%d/status", self.job_id,
+                 "127.0.0.1" if all_local else advertised, port)
+        self._telemetry.job_started(self._config, self._registry.discovered,
+                                    self._watcher.describe())
         env_settings = EnvSettings(
             rendezvous_addr=advertised,
             rendezvous_port=port,
@@ -126,10 +149,10 @@ class Driver:
         )
         self._pool = WorkerPool(settings, self._spawner_for, self._placement.address_for,
                                 self._output, self._on_worker_exit)
-        log.debug("rendezvous server on %s:%d", bind, port)
+        log.debug("driver server on %s:%d", bind, port)
         await self._wait_for_start()
         self._run_task(self._round_manager())
-        self._run_task(self._discovery_loop())
+        self._run_task(self._watcher.run(self._after_poll))
         self._request_reround(0.0)
 
     async def _shutdown(self) -> None:
@@ -141,6 +164,7 @@ class Driver:
         await self._placement.close()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._rendezvous.stop()
+        await self._telemetry.close()
 
     def _interrupted(self, sig: int, code: int) -> None:
         log.warning("received %s; stopping the job", signal.Signals(sig).name)
@@ -187,33 +211,13 @@ class Driver:
                           if config.dynamic_hosts else "")
                 raise JobFailedError(
                     f"-np {config.np} needs {config.np} slots, but only {total} are available"
-                    f"{waited} (hosts: {_format_hosts(self._registry.discovered) or 'none'})")
-            await asyncio.sleep(min(config.discovery_interval, max(0.0, deadline - loop.time())))
-            await self._poll_discovery(first_error_fatal=False)
+                    f"{waited} (hosts: {format_hosts(self._registry.discovered) or 'none'})")
+            await self._watcher.wait_and_poll(
+                min(config.discovery_interval, max(0.0, deadline - loop.time())))
 
-    async def _discovery_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self._config.discovery_interval)
-            await self._poll_discovery(first_error_fatal=False)
-            self._hosts_changed.set()
-            await self._prepare_host_change()
-
-    _last_discovery_error: str | None = None
-
-    async def _poll_discovery(self, first_error_fatal: bool) -> None:
-        try:
-            hosts = await self._discovery.find_hosts()
-        except DiscoveryError as exc:
-            if str(exc) != self._last_discovery_error:
-                log.warning("%s; keeping the last good host list", exc)
-                self._last_discovery_error = str(exc)
-            return
-        if self._last_discovery_error is not None:
-            log.info("%s answers again", self._discovery.describe())
-            self._last_discovery_error = None
-        if hosts != self._registry.discovered:
-            log.info("hosts now: %s", _format_hosts(hosts) or "none")
-            self._registry.update(hosts)
+    async def _after_poll(self) -> None:
+        self._hosts_changed.set()
+        await self._prepare_host_change()
 
     def _desired_assignment(self) -> Assignment:
         usable = self._registry.usable(time.monotonic())
@@ -318,8 +322,10 @@ class Driver:
         self._standby_ready.clear()
         self._reset_requests.clear()
         self._rendezvous.open_round(number, assignment, members)
+        self._telemetry.round_opened(number, assignment)
+        self._watcher.wake(poll=False)  # host changes that came while this round was cut
         log.info("round %d: world size %d on %s%s", number, len(assignment),
-                 _format_hosts(_slots_per_host(assignment)),
+                 format_hosts(_slots_per_host(assignment)),
                  f" ({len(new_slots)} new worker(s))" if number > 1 and new_slots else "")
         master = self._placement.master_endpoint(assignment)
         await asyncio.gather(*(self._spawn(slot, members[slot], assignment, master, False)
@@ -371,6 +377,8 @@ class Driver:
             self._rendezvous.forget_worker(worker_id)
             self._standby.discard(worker_id)
             self._record_failure(f"{exc} (on host {slot.host})")
+            self._telemetry.worker_failed(rank=None, host=slot.host, exit_code=None,
+                                          cause=str(exc), cause_label="spawn_error")
             self._fail_host(slot.host, str(exc))
             return
         if self._stopping:
@@ -399,6 +407,9 @@ class Driver:
         worker.state = WorkerState.FAILED
         cause = f"rank {worker.rank} on host {worker.slot.host} {describe_exit(code)}"
         self._record_failure(cause, worker)
+        self._telemetry.worker_failed(rank=worker.rank, host=worker.slot.host, exit_code=code,
+                                      cause=cause, cause_label=failure_cause(code),
+                                      stderr_tail=worker.stderr_tail)
         if self._finishing:
             self._fail(f"{cause} after other workers had finished{self._root_cause_suffix()}")
             return
@@ -436,14 +447,19 @@ class Driver:
         assert self._pool is not None
         if self._registry.is_blacklisted(host, time.monotonic()):
             return  # already failed (its other workers report the same cause)
-        entry = self._registry.blacklist(host, time.monotonic())
-        until = "permanently" if entry.until is None else \
-            f"for {entry.until - time.monotonic():.1f}s"
+        now = time.monotonic()
+        entry = self._registry.blacklist(host, now)
+        cooldown = None if entry.until is None else entry.until - now
+        until = "permanently" if cooldown is None else f"for {cooldown:.1f}s"
         log.warning("host %s failed (%s); blacklisted %s", host, cause, until)
+        self._telemetry.host_blacklisted(host, cause, cooldown, entry.failures)
+        if cooldown is not None:
+            asyncio.get_running_loop().call_later(cooldown, self._cooldown_ended, host)
         current = self._rendezvous.current_round
         breaks_round = current is not None and any(slot.host == host for slot in current.members)
         self._pool.stop_host(host)
         if breaks_round or current is None:
+            self._telemetry.round_broken()
             self._rendezvous.mark_broken(self._round_number)
             self._request_reround(FAILURE_COALESCE_S)
 
@@ -464,6 +480,9 @@ class Driver:
             cause = (f"rank {current.assignment[slot].rank} on host {slot.host} did not join "
                      f"round {round_number} within {self._config.start_timeout:g}s")
             self._record_failure(cause, worker)
+            self._telemetry.worker_failed(rank=current.assignment[slot].rank, host=slot.host,
+                                          exit_code=None, cause=cause,
+                                          cause_label="check_in_timeout")
             self._fail_host(slot.host, cause)
 
     def reset_requested(self, worker_id: str, last_round: int) -> None:
@@ -489,6 +508,8 @@ class Driver:
             cause = (f"a new worker on host {worker.slot.host} did not check in within "
                      f"{self._config.start_timeout:g}s")
             self._record_failure(cause, worker)
+            self._telemetry.worker_failed(rank=None, host=worker.slot.host, exit_code=None,
+                                          cause=cause, cause_label="check_in_timeout")
             self._fail_host(worker.slot.host, cause)
 
     def worker_released(self, worker_id: str) -> None:
@@ -497,6 +518,58 @@ class Driver:
             worker.state = WorkerState.RELEASED
             log.info("worker %s has no place in round %d; it exits", worker.slot,
                      self._round_number)
+
+    def round_completed(self, round_number: int) -> None:
+        self._telemetry.round_completed(round_number)
+
+    def _cooldown_ended(self, host: str) -> None:
+        if self._stopping or self._registry.is_blacklisted(host, time.monotonic()):
+            return  # failed again meanwhile: a later timer restores it
+        log.info("host %s: blacklist cooldown ended", host)
+        self._telemetry.host_restored(host)
+        self._hosts_changed.set()
+        self._watcher.wake(poll=False)
+
+    # --- ControlTarget: /status, /metrics and the host-change webhook -----------------------
+    def _view(self) -> JobView:
+        current = self._rendezvous.current_round
+        if self._stopping or self._finished.done():
+            state = "stopped"
+        elif self._finishing:
+            state = "finishing"
+        elif current is None:
+            state = "starting"
+        elif self._reround.is_set() or self._forming_round or not current.complete:
+            state = "recovering"
+        else:
+            state = "running"
+        pool = self._pool
+        standby = frozenset(w.slot.host for wid in self._standby
+                            if pool is not None and (w := pool.get(wid)) is not None)
+        return JobView(
+            job_id=self.job_id, state=state, now=time.monotonic(), wall_now=time.time(),
+            started_at=self._started_at, round=self._round_number,
+            round_complete=bool(current and current.complete),
+            assignment=dict(self._assignment), standby_hosts=standby,
+            discovered=self._registry.discovered, drained=frozenset(self._registry.drained),
+            blacklist=self._registry.blacklist_snapshot(), np=self._config.np,
+            min_np=self._config.min_np, max_np=self._config.max_np,
+            reset_limit=self._config.reset_limit, discovery=self._watcher.describe(),
+            discovery_error=self._watcher.last_error)
+
+    def status(self) -> dict[str, Any]:
+        return build_status(self._view())
+
+    def metrics(self) -> bytes:
+        self._telemetry.refresh(count_states(host_states(self._view())))
+        return self._telemetry.metrics.render()
+
+    def hosts_view(self) -> dict[str, Any]:
+        return {"hosts": self._registry.discovered, "drained": sorted(self._registry.drained),
+                "source": self._watcher.describe()}
+
+    def push_hosts(self, action: str, hosts: HostSlots) -> dict[str, Any]:
+        return self._watcher.push(action, hosts)
 
     def worker_joined(self, worker_id: str, round_number: int, rank: int) -> None:
         worker = self._pool.get(worker_id) if self._pool else None
@@ -511,8 +584,6 @@ def _slots_per_host(assignment: Assignment) -> HostSlots:
     return counts
 
 
-def _format_hosts(hosts: HostSlots) -> str:
-    return ",".join(f"{format_host(h)}:{n}" for h, n in hosts.items())
 
 
 

@@ -1,4 +1,4 @@
-"""The host registry: what discovery says, which hosts are blacklisted, and until when.
+"""The host registry: what discovery says, which hosts are blacklisted or drained, and until when.
 
 Pure state and policy; the driver feeds it discovery results and failures, and the
 clock is passed in so that the cooldown policy is testable.
@@ -26,6 +26,7 @@ class HostRegistry:
     ) -> None:
         self._discovered: HostSlots = {}
         self._blacklist: dict[str, BlacklistEntry] = {}
+        self._drained: set[str] = set()
         self._cooldown_range = cooldown_range
         self._rng = rng or random.Random()
 
@@ -33,8 +34,24 @@ class HostRegistry:
     def discovered(self) -> HostSlots:
         return dict(self._discovered)
 
+    @property
+    def drained(self) -> set[str]:
+        return set(self._drained)
+
     def update(self, hosts: HostSlots) -> None:
+        """A drained host that discovery no longer lists is forgotten as drained: if it is
+        listed again later, it is a new machine under an old name."""
         self._discovered = dict(hosts)
+        self._drained &= set(hosts)
+
+    def drain(self, host: str) -> None:
+        """Takes a host out of use (its workers leave at the next commit) while discovery
+        may still list it, e.g. a spot instance that got its termination notice."""
+        if host in self._discovered:
+            self._drained.add(host)
+
+    def undrain(self, host: str) -> None:
+        self._drained.discard(host)
 
     def blacklist(self, host: str, now: float) -> BlacklistEntry:
         """Marks a host failed. With a cooldown range it may return after an exponentially
@@ -59,11 +76,11 @@ class HostRegistry:
         return dict(self._blacklist)
 
     def usable(self, now: float) -> HostSlots:
-        """Discovered hosts with slots that are not blacklisted now, in discovery order."""
+        """Discovered hosts with slots, neither blacklisted now nor drained, in discovery order."""
         return {
             host: slots
             for host, slots in self._discovered.items()
-            if slots > 0 and not self.is_blacklisted(host, now)
+            if slots > 0 and not self.is_blacklisted(host, now) and host not in self._drained
         }
 
     def next_cooldown_end(self, now: float) -> float | None:

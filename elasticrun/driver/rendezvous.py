@@ -15,7 +15,7 @@ import json
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -43,6 +43,8 @@ class RendezvousListener(Protocol):
     def worker_joined(self, worker_id: str, round_number: int, rank: int) -> None: ...
 
     def standby_ready(self, worker_id: str) -> None: ...
+
+    def round_completed(self, round_number: int) -> None: ...
 
 
 @dataclass
@@ -76,6 +78,7 @@ class Rendezvous:
         self._changed = asyncio.Event()
         self._seen_nonces: OrderedDict[str, float] = OrderedDict()
         self._runner: web.AppRunner | None = None
+        self._operator_routes: set[web.AbstractRoute] = set()
         self._closing = False
         self.port = 0
 
@@ -141,13 +144,16 @@ class Rendezvous:
             return False
 
     # --- server lifecycle ------------------------------------------------------------
-    async def start(self, host: str, port: int = 0) -> int:
+    async def start(self, host: str, port: int = 0,
+                    extra_routes: Iterable[web.RouteDef] = ()) -> int:
+        """Serves the worker endpoints, and `extra_routes` (which do their own auth)."""
         app = web.Application(
             client_max_size=protocol.MAX_BODY_BYTES, middlewares=[self._authenticate]
         )
         app.router.add_post(protocol.PATH_JOIN, self._handle_join)
         app.router.add_post(protocol.PATH_NOTICES, self._handle_notices)
         app.router.add_post(protocol.PATH_KV_PREFIX + "{op}", self._handle_kv)
+        self._operator_routes = set(app.router.add_routes(list(extra_routes)))
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
                                      shutdown_timeout=SHUTDOWN_TIMEOUT_S)
         await self._runner.setup()
@@ -171,6 +177,8 @@ class Rendezvous:
     async def _authenticate(
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
+        if request.match_info.route in self._operator_routes:
+            return await handler(request)  # operator endpoints: their own auth (control.py)
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
@@ -247,6 +255,7 @@ class Rendezvous:
                         if not current.missing():
                             current.complete = True
                             self._wake()
+                            self._listener.round_completed(current.number)
                     if current.complete:
                         info = current.assignment[slot]
                         self._listener.worker_joined(worker_id, current.number, info.rank)

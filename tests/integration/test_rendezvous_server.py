@@ -51,6 +51,12 @@ class RecordingListener:
     def worker_joined(self, worker_id: str, round_number: int, rank: int) -> None:
         self.calls.append(("worker_joined", (worker_id, round_number, rank)))
 
+    def standby_ready(self, worker_id: str) -> None:
+        self.calls.append(("standby_ready", (worker_id,)))
+
+    def round_completed(self, round_number: int) -> None:
+        self.calls.append(("round_completed", (round_number,)))
+
     def named(self, name: str) -> list[tuple[Any, ...]]:
         return [args for called, args in self.calls if called == name]
 

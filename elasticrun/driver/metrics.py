@@ -1,0 +1,75 @@
+"""The driver's Prometheus metrics (served at GET /metrics), in a registry of their own."""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+# Rendezvous and recovery take milliseconds to seconds; a stuck host can take minutes.
+_SECONDS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+HOST_STATES = ("active", "starting", "leaving", "idle", "draining", "drained", "blacklisted")
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class DriverMetrics:
+    def __init__(self) -> None:
+        disable_created_metrics()  # no *_created series: they double the output for nothing
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.rounds = Counter("elasticrun_rounds", "Rounds opened.", registry=r)
+        self.resets = Counter("elasticrun_resets", "Rounds opened after the first.", registry=r)
+        self.worker_failures = Counter(
+            "elasticrun_worker_failures", "Workers that failed, by cause.", ["cause"], registry=r)
+        self.hosts_blacklisted = Counter(
+            "elasticrun_hosts_blacklisted", "Times a host was blacklisted.", registry=r)
+        self.discovery_errors = Counter(
+            "elasticrun_discovery_errors", "Discovery calls that failed or timed out.",
+            registry=r)
+        self.world_size = Gauge("elasticrun_world_size", "Ranks in the current round.",
+                                registry=r)
+        self.round = Gauge("elasticrun_round", "Number of the current round.", registry=r)
+        self.hosts = Gauge("elasticrun_hosts", "Known hosts, by state.", ["state"], registry=r)
+        self.rendezvous_seconds = Histogram(
+            "elasticrun_rendezvous_seconds",
+            "From opening a round until every member has checked in.",
+            buckets=_SECONDS_BUCKETS, registry=r)
+        self.recovery_seconds = Histogram(
+            "elasticrun_recovery_seconds",
+            "From detecting a failure until the next round is complete.",
+            buckets=_SECONDS_BUCKETS, registry=r)
+        self.discovery_seconds = Histogram(
+            "elasticrun_discovery_seconds", "Duration of one discovery call.",
+            buckets=_SECONDS_BUCKETS, registry=r)
+        self.events_dropped = Gauge(
+            "elasticrun_events_dropped", "Events that could not be delivered to a webhook.",
+            registry=r)
+        started = time.time()
+        Gauge("elasticrun_start_time_seconds", "Unix time the driver started.",
+              registry=r).set(started)
+        for state in HOST_STATES:
+            self.hosts.labels(state).set(0)
+
+    def set_host_states(self, counts: dict[str, int]) -> None:
+        for state in HOST_STATES:
+            self.hosts.labels(state).set(counts.get(state, 0))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def failure_cause(exit_code: int | None) -> str:
+    """The `cause` label of a worker failure: killed by a signal, or a non-zero exit."""
+    if exit_code is None:
+        return "unknown"
+    if exit_code < 0 or 128 < exit_code < 160:  # local signal, or 128+N from an SSH host
+        return "signal"
+    return "exit_code"

@@ -1,0 +1,124 @@
+"""What the driver reports about a job: events (webhooks, the event log) and metrics.
+
+The driver says what happened, once, here; this module turns it into an event for the
+event sinks and into counters, gauges and timings for /metrics.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from elasticrun.config import DriverConfig
+from elasticrun.discovery.base import HostSlots
+from elasticrun.driver.assignment import Assignment
+from elasticrun.driver.events import EventBus, EventSink, JsonLinesSink, WebhookSink
+from elasticrun.driver.metrics import DriverMetrics
+
+
+class Telemetry:
+    def __init__(self, job_id: str, sinks: Iterable[EventSink] = ()) -> None:
+        self.job_id = job_id
+        self.metrics = DriverMetrics()
+        self._sinks = list(sinks)
+        self._bus = EventBus(job_id, self._sinks)
+        self._round_opened_at: dict[int, float] = {}
+        self._failure_at: float | None = None
+
+    @classmethod
+    def for_config(cls, config: DriverConfig, job_id: str) -> Telemetry:
+        sinks: list[EventSink] = []
+        if config.event_log is not None:
+            sinks.append(JsonLinesSink(config.event_log))
+        for url in config.event_webhooks:
+            assert config.event_key is not None  # the config refuses webhooks without a key
+            sinks.append(WebhookSink(url, config.event_key))
+        return cls(job_id, sinks)
+
+    # --- the job -------------------------------------------------------------------------
+    def job_started(self, config: DriverConfig, hosts: HostSlots, discovery: str) -> None:
+        self._bus.emit("job_started", np=config.np, min_np=config.min_np,
+                       max_np=config.max_np, hosts=dict(hosts), discovery=discovery,
+                       command=list(config.command))
+
+    def job_ended(self, exit_code: int, error: str | None, rounds: int) -> None:
+        if exit_code == 0 and error is None:
+            self._bus.emit("job_finished", exit_code=0, rounds=rounds,
+                           resets=max(0, rounds - 1))
+        else:
+            self._bus.emit("job_failed", exit_code=exit_code, error=error, rounds=rounds,
+                           resets=max(0, rounds - 1))
+
+    async def close(self, timeout: float = 2.0) -> None:
+        await self._bus.close(timeout)
+
+    # --- rounds ------------------------------------------------------------------------
+    def round_opened(self, number: int, assignment: Assignment) -> None:
+        self.metrics.rounds.inc()
+        if number > 1:
+            self.metrics.resets.inc()
+        self.metrics.round.set(number)
+        self.metrics.world_size.set(len(assignment))
+        self._round_opened_at[number] = time.monotonic()
+        ordered = sorted(assignment.items(), key=lambda item: item[1].rank)
+        members = [{"rank": info.rank, "host": slot.host, "local_rank": info.local_rank}
+                   for slot, info in ordered]
+        hosts: HostSlots = {}
+        for slot, _ in ordered:
+            hosts[slot.host] = hosts.get(slot.host, 0) + 1
+        self._bus.emit("round_started", round=number, world_size=len(assignment),
+                       hosts=hosts, members=members)
+
+    def round_completed(self, number: int) -> None:
+        now = time.monotonic()
+        opened = self._round_opened_at.pop(number, None)
+        if opened is not None:
+            self.metrics.rendezvous_seconds.observe(now - opened)
+        if self._failure_at is not None:
+            self.metrics.recovery_seconds.observe(now - self._failure_at)
+            self._failure_at = None
+
+    # --- failures ----------------------------------------------------------------------
+    def worker_failed(self, *, rank: int | None, host: str, exit_code: int | None,
+                      cause: str, cause_label: str, stderr_tail: Iterable[str] = ()) -> None:
+        self.metrics.worker_failures.labels(cause_label).inc()
+        self._bus.emit("worker_failed", rank=rank, host=host, exit_code=exit_code,
+                       cause=cause, kind=cause_label, stderr_tail=list(stderr_tail))
+
+    def round_broken(self) -> None:
+        """A failure broke the current round: recovery time runs from now."""
+        if self._failure_at is None:
+            self._failure_at = time.monotonic()
+
+    # --- hosts -------------------------------------------------------------------------
+    def hosts_changed(self, old: HostSlots, new: HostSlots) -> None:
+        for host, slots in new.items():
+            if old.get(host) != slots:
+                self._bus.emit("host_added", host=host, slots=slots,
+                               previous_slots=old.get(host))
+        for host in old:
+            if host not in new:
+                self._bus.emit("host_removed", host=host)
+
+    def host_drained(self, host: str) -> None:
+        self._bus.emit("host_drained", host=host)
+
+    def host_blacklisted(self, host: str, cause: str, cooldown_s: float | None,
+                         failures: int) -> None:
+        self.metrics.hosts_blacklisted.inc()
+        self._bus.emit("host_blacklisted", host=host, cause=cause, cooldown_s=cooldown_s,
+                       failures=failures)
+
+    def host_restored(self, host: str) -> None:
+        self._bus.emit("host_restored", host=host)
+
+    def discovery_polled(self, seconds: float, failed: bool) -> None:
+        self.metrics.discovery_seconds.observe(seconds)
+        if failed:
+            self.metrics.discovery_errors.inc()
+
+    def refresh(self, host_states: dict[str, int]) -> None:
+        """Updates the gauges that are read at scrape time."""
+        self.metrics.set_host_states(host_states)
+        self.metrics.events_dropped.set(
+            sum(getattr(sink, "dropped", 0) for sink in self._sinks))
