@@ -67,3 +67,20 @@ def assign(hosts: Sequence[tuple[str, int]], max_size: int | None = None) -> Ass
 def hosts_in_rank_order(assignment: Assignment) -> list[str]:
     ordered = sorted(assignment.items(), key=lambda item: item[1].rank)
     return list(dict.fromkeys(slot.host for slot, _ in ordered))
+
+
+def assign_keeping_state(hosts: Sequence[tuple[str, int]], max_size: int | None,
+                         holders: Sequence[SlotId]) -> Assignment:
+    """Like assign(), but never cuts a round in which nobody holds the committed state.
+
+    `holders` are the slots, in rank order, of the live workers that hold it (the current
+    round's members). When none of them would be in the new round (every host replaced at
+    once), the first holder stays for one more round as rank 0 and hands the state over;
+    the round after that lets it go.
+    """
+    assignment = assign(hosts, max_size)
+    if not holders or any(slot in assignment for slot in holders):
+        return assignment
+    keeper = holders[0]
+    rest = [(host, slots) for host, slots in hosts if host != keeper.host]
+    return assign([(keeper.host, keeper.index + 1), *rest], max_size)

@@ -22,7 +22,7 @@ from elasticrun.discovery.base import HostDiscovery, HostSlots
 from elasticrun.driver.assignment import (
     Assignment,
     SlotId,
-    assign,
+    assign_keeping_state,
     hosts_in_rank_order,
     order_hosts,
 )
@@ -222,7 +222,19 @@ class Driver:
     def _desired_assignment(self) -> Assignment:
         usable = self._registry.usable(time.monotonic())
         ordered = order_hosts(hosts_in_rank_order(self._assignment), usable)
-        return assign([(host, usable[host]) for host in ordered], self._config.max_np)
+        return assign_keeping_state([(host, usable[host]) for host in ordered],
+                                    self._config.max_np, self._state_holders())
+
+    def _state_holders(self) -> list[SlotId]:
+        """Slots of the current round whose workers are alive, in rank order."""
+        current = self._rendezvous.current_round
+        if current is None or self._pool is None:
+            return []
+        now = time.monotonic()
+        return [slot for slot, _ in sorted(current.assignment.items(), key=lambda i: i[1].rank)
+                if (holder := self._pool.holder(slot)) is not None
+                and holder.id == current.members[slot]
+                and not self._registry.is_blacklisted(slot.host, now)]
 
     async def _prepare_host_change(self) -> None:
         """When the hosts would give a different round: start the workers it needs now,

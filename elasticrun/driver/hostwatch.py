@@ -49,7 +49,7 @@ class HostWatcher:
             self._telemetry.discovery_polled(time.monotonic() - started, failed=True)
             raise
         self._telemetry.discovery_polled(time.monotonic() - started, failed=False)
-        self._update(hosts)
+        self._registry.update(hosts)  # the job_started event lists them
 
     async def poll(self) -> None:
         """Asks discovery; a failure or hang keeps the last good host list (logged once)."""

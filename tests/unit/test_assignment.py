@@ -8,7 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from elasticrun.driver.assignment import SlotId, assign, hosts_in_rank_order, order_hosts
+from elasticrun.driver.assignment import (
+    SlotId,
+    assign,
+    assign_keeping_state,
+    hosts_in_rank_order,
+    order_hosts,
+)
 from elasticrun.protocol import SlotInfo
 
 
@@ -268,3 +274,28 @@ def test_property_ranks_stable_while_earlier_hosts_unchanged(
         earlier = earlier[: earlier.index(slot.host)]
         if all(taken(before, h) == taken(after, h) for h in earlier) and slot in after:
             assert after[slot].rank == info.rank
+
+
+def test_keeping_state_changes_nothing_while_a_holder_stays() -> None:
+    hosts = [("a", 2), ("c", 2)]
+    holders = [SlotId("a", 0), SlotId("a", 1), SlotId("b", 0)]
+    assert assign_keeping_state(hosts, None, holders) == assign(hosts)
+
+
+def test_keeping_state_when_every_host_is_replaced() -> None:
+    holders = [SlotId("old", 0), SlotId("old", 1)]
+    handover = assign_keeping_state([("new", 2)], None, holders)
+    assert {slot: info.rank for slot, info in handover.items()} == {
+        SlotId("old", 0): 0, SlotId("new", 0): 1, SlotId("new", 1): 2}
+    # The round after: the new workers hold the state, the keeper goes.
+    assert assign_keeping_state([("new", 2)], None, list(handover)) == assign([("new", 2)])
+
+
+def test_keeping_state_respects_max_size() -> None:
+    handover = assign_keeping_state([("new", 4)], 2, [SlotId("old", 0)])
+    assert sorted(handover) == [SlotId("new", 0), SlotId("old", 0)]
+    assert handover[SlotId("old", 0)].rank == 0
+
+
+def test_keeping_state_without_holders_is_plain_assignment() -> None:
+    assert assign_keeping_state([("new", 2)], None, []) == assign([("new", 2)])

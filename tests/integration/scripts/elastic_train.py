@@ -4,6 +4,7 @@ Every process appends JSON lines to $LOG_DIR/<pid>.jsonl:
   {"event": "round", ...}   after each sync: round, rank, size, pid, host, step, params hash
   {"event": "step", ...}    after each successful commit: epoch, step, this rank's indices, hash
   {"event": "final", ...}   at the end: step, hash
+  {"event": "restore", ...} when it rolls back to the last commit
 Faults (env): FAULTS="STEP:RANK:MODE,..." with MODE exception|sigkill|exit; each fires
 once per job, at the start of step STEP on the worker that is then rank RANK.
 Rank 0 writes [committed step, world size] to $PROGRESS_FILE for discovery scripts.
@@ -69,6 +70,12 @@ def maybe_fault(step: int) -> None:
         raise ValueError(f"injected fault at step {step}")
 
 
+class LoggedState(er.elastic.TorchState):
+    def restore(self) -> None:  # a rollback to the last commit (after a failure)
+        log("restore", step=self.step)
+        super().restore()
+
+
 def main() -> None:
     log("start")
     er.init()
@@ -82,7 +89,7 @@ def main() -> None:
         torch.optim.SGD(model.parameters(), lr=BASE_LR * er.size(), momentum=0.9),
         named_parameters=model.named_parameters())
     sampler = er.elastic.ElasticSampler(dataset, shuffle=True, seed=3)
-    state = er.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, step=0)
+    state = LoggedState(model, optimizer, sampler=sampler, epoch=0, step=0)
     resets = []
 
     def rescale() -> None:
