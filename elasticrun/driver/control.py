@@ -58,6 +58,7 @@ class Control:
             web.get(PATH_METRICS, self._metrics),
             web.get(PATH_HOSTS, self._hosts),
             web.put(PATH_HOSTS, self._push),
+            web.post(PATH_HOSTS, self._push),  # answers 405: set needs PUT
             web.post(PATH_HOSTS + "/{action}", self._push),
         ]
 
@@ -85,7 +86,12 @@ class Control:
         if action == "set" and request.method != "PUT":
             return _error(405, "replace the host list with PUT /v1/hosts")
         try:
-            body = await request.content.read(MAX_PUSH_BYTES + 1)
+            body = b""
+            while len(body) <= MAX_PUSH_BYTES:  # read() returns what has arrived so far
+                chunk = await request.content.read(MAX_PUSH_BYTES + 1 - len(body))
+                if not chunk:
+                    break
+                body += chunk
             if len(body) > MAX_PUSH_BYTES:
                 return _error(413, f"body larger than {MAX_PUSH_BYTES} bytes")
             hosts = self._parse_hosts(body, names_only=action in ("remove", "drain"))

@@ -27,6 +27,7 @@ from elasticrun.driver.assignment import (
     order_hosts,
 )
 from elasticrun.driver.control import Control
+from elasticrun.driver.failures import FailureLog
 from elasticrun.driver.hosts import HostRegistry
 from elasticrun.driver.hostwatch import HostWatcher, format_hosts
 from elasticrun.driver.metrics import failure_cause
@@ -34,6 +35,7 @@ from elasticrun.driver.output import OutputRouter
 from elasticrun.driver.placement import Placement
 from elasticrun.driver.pool import PoolSettings, WorkerPool
 from elasticrun.driver.rendezvous import Rendezvous
+from elasticrun.driver.standby import Standbys
 from elasticrun.driver.status import JobView, build_status, count_states, host_states
 from elasticrun.driver.telemetry import Telemetry
 from elasticrun.driver.workers import (
@@ -81,14 +83,10 @@ class Driver:
         self._pool: WorkerPool | None = None
         self._round_number = 0
         self._assignment: Assignment = {}
-        self._notified: Assignment | None = None
-        self._pending: Assignment | None = None  # next round's hosts, while standbys start
-        self._standby: set[str] = set()  # started ahead of the round that will need them
-        self._standby_ready: set[str] = set()
+        self._standbys: Standbys | None = None
         self._forming_round = False
-        self._warned_small: Assignment | None = None
         self._reset_requests: set[str] = set()
-        self._first_failure: str | None = None
+        self._failures = FailureLog(self._telemetry)
         self._finishing = False
         self._stopping = False
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -149,6 +147,8 @@ class Driver:
         )
         self._pool = WorkerPool(settings, self._spawner_for, self._placement.address_for,
                                 self._output, self._on_worker_exit)
+        self._standbys = Standbys(self._pool, self._rendezvous, self._placement,
+                                  self._config.min_np, self._spawn)
         log.debug("driver server on %s:%d", bind, port)
         await self._wait_for_start()
         self._run_task(self._round_manager())
@@ -237,49 +237,11 @@ class Driver:
                 and not self._registry.is_blacklisted(slot.host, now)]
 
     async def _prepare_host_change(self) -> None:
-        """When the hosts would give a different round: start the workers it needs now,
-        while training goes on, and tell the workers once those have checked in."""
+        """When the hosts would give a different round, gets it ready while training goes on."""
         if self._finishing or self._round_number == 0 or self._reround.is_set() \
-                or self._forming_round:
+                or self._forming_round or self._standbys is None:
             return
-        assert self._pool is not None
-        desired = self._desired_assignment()
-        for worker_id in list(self._standby):  # standbys the hosts no longer want
-            worker = self._pool.get(worker_id)
-            if worker is not None and worker.slot not in desired:
-                self._standby.discard(worker_id)
-                self._pool.stop_host_slot(worker.slot)
-        if desired == self._assignment or len(desired) < self._config.min_np:
-            if len(desired) < self._config.min_np and desired != self._warned_small:
-                self._warned_small = desired
-                log.warning("hosts changed, but %d slot(s) are fewer than --min-np %d; "
-                            "training continues on the current hosts", len(desired),
-                            self._config.min_np)
-            self._pending = None
-            return
-        self._pending = desired
-        missing = [slot for slot in desired if self._pool.holder(slot) is None]
-        if missing:
-            log.info("hosts changed: starting %d worker(s) for the next round while "
-                     "training continues", len(missing))
-            master = self._placement.master_endpoint(desired)
-            ids = {slot: new_worker_id(slot) for slot in missing}
-            self._standby.update(ids.values())
-            await asyncio.gather(*(self._spawn(slot, ids[slot], desired, master, True)
-                                   for slot in missing))
-        self._notify_if_ready()
-
-    def _notify_if_ready(self) -> None:
-        """Notifies the rank-0 coordinator once every standby of the next round is ready."""
-        desired = self._pending
-        if desired is None or desired == self._notified or self._pool is None:
-            return
-        if any(worker_id not in self._standby_ready for worker_id in self._standby):
-            return
-        self._notified = desired
-        seq = self._rendezvous.post_notice()
-        log.info("hosts changed: next round will have world size %d; notified workers "
-                 "(notice %d)", len(desired), seq)
+        await self._standbys.prepare(self._assignment, self._desired_assignment())
 
     # --- rounds -----------------------------------------------------------------------------
     def _request_reround(self, delay: float) -> None:
@@ -314,7 +276,7 @@ class Driver:
         limit = self._config.reset_limit
         if number > 1 and limit is not None and number - 1 > limit:
             self._fail(f"reset limit {limit} reached: another reset was needed"
-                       f"{self._root_cause_suffix()}")
+                       f"{self._failures.suffix()}")
             return
         assert self._pool is not None
         members: dict[SlotId, str] = {}
@@ -328,10 +290,8 @@ class Driver:
                 new_slots.append(slot)
         self._round_number = number
         self._assignment = assignment
-        self._notified = None
-        self._pending = None
-        self._standby.clear()
-        self._standby_ready.clear()
+        assert self._standbys is not None
+        self._standbys.round_opened()
         self._reset_requests.clear()
         self._rendezvous.open_round(number, assignment, members)
         self._telemetry.round_opened(number, assignment)
@@ -360,7 +320,7 @@ class Driver:
             if returning is None and (not config.dynamic_hosts or all_blacklisted):
                 why = "all hosts are blacklisted" if all_blacklisted else (
                     f"only {len(assignment)} slot(s) left, --min-np is {config.min_np}")
-                self._fail(f"no progress possible: {why}{self._root_cause_suffix()}")
+                self._fail(f"no progress possible: {why}{self._failures.suffix()}")
                 return None
             if deadline is None:
                 deadline = loop.time() + config.elastic_timeout
@@ -369,7 +329,7 @@ class Driver:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 self._fail(f"elastic timeout: fewer than --min-np {config.min_np} slots for "
-                           f"{config.elastic_timeout:g}s{self._root_cause_suffix()}")
+                           f"{config.elastic_timeout:g}s{self._failures.suffix()}")
                 return None
             if returning is not None:
                 remaining = min(remaining, max(0.01, returning - now))
@@ -387,10 +347,10 @@ class Driver:
             await self._pool.spawn(worker_id, slot, assignment[slot], master)
         except SpawnError as exc:
             self._rendezvous.forget_worker(worker_id)
-            self._standby.discard(worker_id)
-            self._record_failure(f"{exc} (on host {slot.host})")
-            self._telemetry.worker_failed(rank=None, host=slot.host, exit_code=None,
-                                          cause=str(exc), cause_label="spawn_error")
+            if self._standbys is not None:
+                self._standbys.forget(worker_id)
+            self._failures.worker_failed(f"{exc} (on host {slot.host})", host=slot.host,
+                                         kind="spawn_error")
             self._fail_host(slot.host, str(exc))
             return
         if self._stopping:
@@ -401,8 +361,8 @@ class Driver:
 
     def _on_worker_exit(self, worker: Worker, code: int) -> None:
         self._rendezvous.forget_worker(worker.id)
-        self._standby.discard(worker.id)
-        self._standby_ready.discard(worker.id)
+        if self._standbys is not None:
+            self._standbys.forget(worker.id)
         if self._stopping or self._finished.done():
             return
         if worker.state in (WorkerState.RELEASED, WorkerState.STOPPING):
@@ -418,12 +378,11 @@ class Driver:
             return
         worker.state = WorkerState.FAILED
         cause = f"rank {worker.rank} on host {worker.slot.host} {describe_exit(code)}"
-        self._record_failure(cause, worker)
-        self._telemetry.worker_failed(rank=worker.rank, host=worker.slot.host, exit_code=code,
-                                      cause=cause, cause_label=failure_cause(code),
-                                      stderr_tail=worker.stderr_tail)
+        self._failures.worker_failed(cause, host=worker.slot.host, kind=failure_cause(code),
+                                     rank=worker.rank, exit_code=code,
+                                     stderr_tail=worker.stderr_tail)
         if self._finishing:
-            self._fail(f"{cause} after other workers had finished{self._root_cause_suffix()}")
+            self._fail(f"{cause} after other workers had finished{self._failures.suffix()}")
             return
         self._fail_host(worker.slot.host, cause)
 
@@ -440,18 +399,6 @@ class Driver:
         ):
             log.info("all %d worker(s) of round %d finished", len(members), self._round_number)
             self._finish(0)
-
-    def _record_failure(self, cause: str, worker: Worker | None = None) -> None:
-        if self._first_failure is not None:
-            return
-        detail = cause
-        if worker is not None and worker.stderr_tail:
-            lines = "\n".join(f"    {line}" for line in worker.stderr_tail)
-            detail += f"; last lines of its stderr:\n{lines}"
-        self._first_failure = detail
-
-    def _root_cause_suffix(self) -> str:
-        return f"; first failure: {self._first_failure}" if self._first_failure else ""
 
     def _fail_host(self, host: str, cause: str) -> None:
         """Blacklists `host` and stops its workers. If members of the current round ran
@@ -491,10 +438,9 @@ class Driver:
                 continue
             cause = (f"rank {current.assignment[slot].rank} on host {slot.host} did not join "
                      f"round {round_number} within {self._config.start_timeout:g}s")
-            self._record_failure(cause, worker)
-            self._telemetry.worker_failed(rank=current.assignment[slot].rank, host=slot.host,
-                                          exit_code=None, cause=cause,
-                                          cause_label="check_in_timeout")
+            self._failures.worker_failed(cause, host=slot.host, kind="check_in_timeout",
+                                         rank=current.assignment[slot].rank,
+                                         stderr_tail=worker.stderr_tail)
             self._fail_host(slot.host, cause)
 
     def reset_requested(self, worker_id: str, last_round: int) -> None:
@@ -509,19 +455,17 @@ class Driver:
             self._request_reround(UNEXPLAINED_RESET_GRACE_S)
 
     def standby_ready(self, worker_id: str) -> None:
-        if worker_id in self._standby:
-            self._standby_ready.add(worker_id)
-            self._notify_if_ready()
+        if self._standbys is not None:
+            self._standbys.checked_in(worker_id)
 
     def _standby_expired(self, worker_id: str) -> None:
         worker = self._pool.get(worker_id) if self._pool else None
-        if worker_id in self._standby and worker_id not in self._standby_ready \
+        if self._standbys is not None and self._standbys.is_waiting(worker_id) \
                 and worker is not None and worker.alive and not self._stopping:
             cause = (f"a new worker on host {worker.slot.host} did not check in within "
                      f"{self._config.start_timeout:g}s")
-            self._record_failure(cause, worker)
-            self._telemetry.worker_failed(rank=None, host=worker.slot.host, exit_code=None,
-                                          cause=cause, cause_label="check_in_timeout")
+            self._failures.worker_failed(cause, host=worker.slot.host, kind="check_in_timeout",
+                                         stderr_tail=worker.stderr_tail)
             self._fail_host(worker.slot.host, cause)
 
     def worker_released(self, worker_id: str) -> None:
@@ -555,9 +499,7 @@ class Driver:
             state = "recovering"
         else:
             state = "running"
-        pool = self._pool
-        standby = frozenset(w.slot.host for wid in self._standby
-                            if pool is not None and (w := pool.get(wid)) is not None)
+        standby = self._standbys.hosts() if self._standbys is not None else frozenset()
         return JobView(
             job_id=self.job_id, state=state, now=time.monotonic(), wall_now=time.time(),
             started_at=self._started_at, round=self._round_number,

@@ -78,7 +78,7 @@ class Rendezvous:
         self._changed = asyncio.Event()
         self._seen_nonces: OrderedDict[str, float] = OrderedDict()
         self._runner: web.AppRunner | None = None
-        self._operator_routes: set[web.AbstractRoute] = set()
+        self._operator_resources: set[web.AbstractResource | None] = set()
         self._closing = False
         self.port = 0
 
@@ -153,7 +153,8 @@ class Rendezvous:
         app.router.add_post(protocol.PATH_JOIN, self._handle_join)
         app.router.add_post(protocol.PATH_NOTICES, self._handle_notices)
         app.router.add_post(protocol.PATH_KV_PREFIX + "{op}", self._handle_kv)
-        self._operator_routes = set(app.router.add_routes(list(extra_routes)))
+        added = app.router.add_routes(list(extra_routes))
+        self._operator_resources = {route.resource for route in added}  # with their HEADs
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
                                      shutdown_timeout=SHUTDOWN_TIMEOUT_S)
         await self._runner.setup()
@@ -177,7 +178,7 @@ class Rendezvous:
     async def _authenticate(
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
-        if request.match_info.route in self._operator_routes:
+        if request.match_info.route.resource in self._operator_resources:
             return await handler(request)  # operator endpoints: their own auth (control.py)
         try:
             body = await request.read()

@@ -12,7 +12,8 @@ from elasticrun.driver.hosts import BlacklistEntry
 
 @dataclass(frozen=True)
 class JobView:
-    """What the driver knows at one moment; times are monotonic except `wall_now`."""
+    """What the driver knows at one moment. `now` and the blacklist's times are monotonic;
+    `wall_now` and `started_at` are wall-clock (time.time())."""
 
     job_id: str
     state: str  # starting | running | recovering | finishing | stopped

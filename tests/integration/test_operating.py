@@ -364,7 +364,7 @@ def test_a_receiver_that_hangs_or_is_down_does_not_hold_up_the_job(
     assert "not delivered" in result.stderr or "dropped" in result.stderr
 
 
-# --- /status, /metrics, `elasticrun status` ---------------------------------------------------------
+# --- /status, /metrics, `elasticrun status` ---------------------------------------------
 
 def metric_samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     samples = {}

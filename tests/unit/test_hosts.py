@@ -215,3 +215,58 @@ def test_property_cooldown_within_range_and_non_decreasing_base(
         assert registry.next_cooldown_end(now) == entry.until
         assert registry.usable(entry.until) == {"h": 1}
         now = entry.until
+
+
+# --------------------------------------------------------------------------- drain / undrain
+
+
+def test_drained_host_is_not_usable() -> None:
+    registry = HostRegistry()
+    registry.update({"a": 1, "b": 2, "c": 3})
+    registry.drain("b")
+    assert registry.drained == {"b"}
+    assert registry.usable(T0) == {"a": 1, "c": 3}
+    assert registry.discovered == {"a": 1, "b": 2, "c": 3}
+    registry.drained.add("c")  # a copy
+    assert registry.drained == {"b"}
+
+
+def test_draining_an_undiscovered_host_does_nothing() -> None:
+    registry = HostRegistry()
+    registry.update({"a": 1})
+    registry.drain("zz")
+    assert registry.drained == set()
+    registry.update({"a": 1, "zz": 2})
+    assert registry.usable(T0) == {"a": 1, "zz": 2}
+
+
+def test_drained_host_that_vanishes_and_returns_is_usable_again() -> None:
+    registry = HostRegistry()
+    registry.update({"a": 1, "b": 2})
+    registry.drain("b")
+    registry.update({"a": 1, "b": 2})  # still listed: stays drained
+    assert registry.drained == {"b"}
+    registry.update({"a": 1})
+    assert registry.drained == set()
+    registry.update({"a": 1, "b": 4})
+    assert registry.usable(T0) == {"a": 1, "b": 4}
+
+
+def test_undrain() -> None:
+    registry = HostRegistry()
+    registry.update({"a": 1, "b": 2})
+    registry.drain("a")
+    registry.drain("b")
+    registry.undrain("a")
+    registry.undrain("never-drained")
+    assert registry.drained == {"b"}
+    assert registry.usable(T0) == {"a": 1}
+
+
+def test_drained_and_blacklisted_host_stays_out_after_undrain() -> None:
+    registry = HostRegistry()
+    registry.update({"a": 1, "b": 1})
+    registry.drain("a")
+    registry.blacklist("a", T0)
+    registry.undrain("a")
+    assert registry.usable(T0) == {"b": 1}
