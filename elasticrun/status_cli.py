@@ -54,7 +54,8 @@ def format_status(status: dict[str, Any]) -> str:
                      _ranks(host.get("ranks") or [])))
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     for row in rows:
-        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True))
+                     .rstrip())
     blacklist = status.get("blacklist") or []
     if blacklist:
         lines.append("blacklisted:")

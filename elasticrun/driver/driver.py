@@ -495,7 +495,7 @@ class Driver:
             state = "finishing"
         elif current is None:
             state = "starting"
-        elif self._reround.is_set() or self._forming_round or not current.complete:
+        elif self._reround.is_set() or self._forming_round:
             state = "recovering"
         else:
             state = "running"
