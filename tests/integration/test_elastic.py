@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -148,14 +149,21 @@ def test_reset_limit(tmp_path: Path, limit: int, succeeds: bool) -> None:
 
 def test_failed_host_returns_after_cooldown(tmp_path: Path) -> None:
     result = run_job(["-H", "localhost:2,127.0.0.1:2", "--min-np", "2",
-                      "--blacklist-cooldown-range", "1", "1.5", *COMMON, *TRAIN],
+                      "--blacklist-cooldown-range", "1", "1.5", "--event-log",
+                      str(tmp_path / "events.jsonl"), *COMMON, *TRAIN],
                      train_env(samples=64, epochs=6, faults="4:2:exit", slow_below=4),
-                     log_dir=tmp_path, timeout=180)
+                     log_dir=tmp_path / "logs", timeout=180)
     assert_ok(result)
     views = check_job(result.records, samples=64, epochs=6)
     assert [v.size for v in views] == [4, 2, 4]
     assert set(views[2].hosts_by_rank.values()) == {"localhost", "127.0.0.1"}
     assert "blacklisted for" in result.stderr
+    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    hosts = [(e["type"], e["data"].get("host")) for e in events if e["type"].startswith("host_")]
+    assert hosts == [("host_blacklisted", "127.0.0.1"), ("host_restored", "127.0.0.1")]
+    blacklisted = next(e for e in events if e["type"] == "host_blacklisted")
+    assert 1.0 <= blacklisted["data"]["cooldown_s"] <= 1.5
+    assert [e["data"]["world_size"] for e in events if e["type"] == "round_started"] == [4, 2, 4]
 
 
 def test_reset_callbacks_rescale_learning_rate(tmp_path: Path) -> None:
