@@ -102,10 +102,12 @@ class Driver:
         self._hosts_changed = asyncio.Event()
         for sig, code in ((signal.SIGINT, EXIT_CODE_SIGINT), (signal.SIGTERM, EXIT_CODE_SIGTERM)):
             loop.add_signal_handler(sig, self._interrupted, sig, code)
-        code, error = 1, None
+        code = 1
+        error: str | None = "internal error"
         try:
             await self._start()
             code = await self._finished
+            error = None if code == 0 else f"interrupted (exit code {code})"
             return code
         except ElasticrunError as exc:
             error = str(exc)
@@ -113,10 +115,7 @@ class Driver:
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
-            if code in (EXIT_CODE_SIGINT, EXIT_CODE_SIGTERM):
-                error = "interrupted"
-            self._telemetry.job_ended(code if error is None else (code or 1), error,
-                                      self._round_number)
+            self._telemetry.job_ended(code, error, self._round_number)
             await self._shutdown()
 
     async def _start(self) -> None:

@@ -11,7 +11,7 @@ import base64
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -25,6 +25,7 @@ from elasticrun import protocol
 from elasticrun.driver.assignment import SlotId, assign
 from elasticrun.driver.rendezvous import Rendezvous
 from elasticrun.worker.client import DriverClient, RequestRefusedError
+from tests.fakes import RecordingListener
 
 SECRET = protocol.new_secret()
 KV = protocol.PATH_KV_PREFIX
@@ -33,32 +34,6 @@ pytestmark = pytest.mark.timeout(60)
 
 
 # --- fixtures and helpers ----------------------------------------------------------------
-
-
-@dataclass
-class RecordingListener:
-    calls: list[tuple[str, tuple[Any, ...]]] = field(default_factory=list)
-
-    def barrier_started(self, round_number: int) -> None:
-        self.calls.append(("barrier_started", (round_number,)))
-
-    def reset_requested(self, worker_id: str, last_round: int) -> None:
-        self.calls.append(("reset_requested", (worker_id, last_round)))
-
-    def worker_released(self, worker_id: str) -> None:
-        self.calls.append(("worker_released", (worker_id,)))
-
-    def worker_joined(self, worker_id: str, round_number: int, rank: int) -> None:
-        self.calls.append(("worker_joined", (worker_id, round_number, rank)))
-
-    def standby_ready(self, worker_id: str) -> None:
-        self.calls.append(("standby_ready", (worker_id,)))
-
-    def round_completed(self, round_number: int) -> None:
-        self.calls.append(("round_completed", (round_number,)))
-
-    def named(self, name: str) -> list[tuple[Any, ...]]:
-        return [args for called, args in self.calls if called == name]
 
 
 @dataclass

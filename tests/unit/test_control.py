@@ -18,6 +18,7 @@ from elasticrun.driver.control import MAX_HOSTS_PER_PUSH, MAX_PUSH_BYTES, Contro
 from elasticrun.driver.hostwatch import PushRefused
 from elasticrun.driver.metrics import CONTENT_TYPE
 from elasticrun.driver.rendezvous import Rendezvous
+from tests.fakes import RecordingListener
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -47,29 +48,6 @@ class FakeTarget:
             raise PushRefused(self.refuse)
         self.pushes.append((action, dict(hosts)))
         return {"ok": True, "action": action}
-
-
-@dataclass
-class RecordingListener:
-    calls: list[tuple[str, tuple[Any, ...]]] = field(default_factory=list)
-
-    def barrier_started(self, round_number: int) -> None:
-        self.calls.append(("barrier_started", (round_number,)))
-
-    def reset_requested(self, worker_id: str, last_round: int) -> None:
-        self.calls.append(("reset_requested", (worker_id, last_round)))
-
-    def worker_released(self, worker_id: str) -> None:
-        self.calls.append(("worker_released", (worker_id,)))
-
-    def worker_joined(self, worker_id: str, round_number: int, rank: int) -> None:
-        self.calls.append(("worker_joined", (worker_id, round_number, rank)))
-
-    def standby_ready(self, worker_id: str) -> None:
-        self.calls.append(("standby_ready", (worker_id,)))
-
-    def round_completed(self, round_number: int) -> None:
-        self.calls.append(("round_completed", (round_number,)))
 
 
 @dataclass
