@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from elasticrun import protocol
 from elasticrun.config import DriverConfig
 from elasticrun.config_file import config_file_callback
 from elasticrun.discovery import HostDiscovery, HostfileDiscovery, ScriptDiscovery, StaticDiscovery
@@ -21,8 +22,8 @@ from elasticrun.driver.output import OutputRouter
 from elasticrun.errors import ConfigError, DiscoveryError, ElasticrunError
 from elasticrun.status_cli import status_command
 
-ENV_WEBHOOK_TOKEN = "ELASTICRUN_WEBHOOK_TOKEN"
-ENV_EVENT_SECRET = "ELASTICRUN_EVENT_SECRET"
+ENV_WEBHOOK_TOKEN = protocol.ENV_WEBHOOK_TOKEN
+ENV_EVENT_SECRET = protocol.ENV_EVENT_SECRET
 MIN_TOKEN_LENGTH = 16
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 

@@ -80,11 +80,14 @@ def worker_env(
 ) -> dict[str, str]:
     """The launcher's environment plus the worker's place, in elasticrun and torchrun names.
 
-    The secret travels in the environment, never on a command line.
+    The secret travels in the environment, never on a command line. The operator's
+    secrets (webhook token, event key) stay with the driver: a worker cannot change hosts.
     """
     env = dict(base)
     for name in [n for n in env if n.startswith("TORCHELASTIC_")]:
         del env[name]
+    env.pop(protocol.ENV_WEBHOOK_TOKEN, None)
+    env.pop(protocol.ENV_EVENT_SECRET, None)
     env.update({
         protocol.ENV_HOSTNAME: info.hostname,
         protocol.ENV_RANK: str(info.rank),

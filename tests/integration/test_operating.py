@@ -416,3 +416,17 @@ def test_status_of_no_driver_is_one_line() -> None:
     assert len(shown.stderr.splitlines()) == 1
     assert shown.stderr.startswith("elasticrun: error: http://127.0.0.1:")
     assert "cannot reach the driver" in shown.stderr
+
+
+def test_workers_never_see_the_operator_secrets(tmp_path: Path) -> None:
+    """The webhook token and the event key stay with the driver; the job secret reaches
+    the workers (which need it), by environment only."""
+    show = ("import os; print(sorted(k for k in os.environ if k in ('ELASTICRUN_WEBHOOK_TOKEN', "
+            "'ELASTICRUN_EVENT_SECRET', 'ELASTICRUN_SECRET')))")
+    proc, tag = start_job(["-np", "1", "--discovery", "webhook:localhost:1", PYTHON, "-c", show],
+                          {"ELASTICRUN_WEBHOOK_TOKEN": TOKEN, "ELASTICRUN_EVENT_SECRET": "k" * 20})
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert out.strip() == "[0]<stdout>:['ELASTICRUN_SECRET']"
+    assert TOKEN not in out + err
+    assert_no_orphans(tag)
