@@ -26,17 +26,19 @@ from elasticrun.driver.assignment import (
     hosts_in_rank_order,
     order_hosts,
 )
+from elasticrun.driver.capacity import shortfall, start_refusal
 from elasticrun.driver.control import Control
 from elasticrun.driver.failures import FailureLog
 from elasticrun.driver.hosts import HostRegistry
 from elasticrun.driver.hostwatch import HostWatcher, format_hosts
 from elasticrun.driver.metrics import failure_cause
+from elasticrun.driver.operator import OperatorEndpoints
 from elasticrun.driver.output import OutputRouter
 from elasticrun.driver.placement import Placement
 from elasticrun.driver.pool import PoolSettings, WorkerPool
 from elasticrun.driver.rendezvous import Rendezvous
 from elasticrun.driver.standby import Standbys
-from elasticrun.driver.status import JobView, build_status, count_states, host_states
+from elasticrun.driver.status import JobView
 from elasticrun.driver.telemetry import Telemetry
 from elasticrun.driver.workers import (
     EnvSettings,
@@ -77,7 +79,8 @@ class Driver:
         self._registry = HostRegistry(config.blacklist_cooldown)
         self._watcher = HostWatcher(discovery, self._registry, config.discovery_interval,
                                     self._telemetry)
-        self._control = Control(self, config.webhook_token, config.slots_per_host or 1)
+        operator = OperatorEndpoints(self._view, self._registry, self._watcher, self._telemetry)
+        self._control = Control(operator, config.webhook_token, config.slots_per_host or 1)
         self._secret = protocol.new_secret()
         self._rendezvous = Rendezvous(self._secret, self)
         self._pool: WorkerPool | None = None
@@ -200,17 +203,13 @@ class Driver:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + config.start_timeout
         while True:
-            total = sum(self._registry.usable(time.monotonic()).values())
-            if total >= config.np:
+            available = sum(self._registry.usable(time.monotonic()).values())
+            waited_out = loop.time() >= deadline
+            refusal = start_refusal(config, available, self._registry, waited_out)
+            if refusal is not None:
+                raise JobFailedError(refusal)
+            if available >= config.np or waited_out or not config.dynamic_hosts:
                 return
-            if not config.dynamic_hosts or loop.time() >= deadline:
-                if config.elastic and total >= config.min_np:
-                    return
-                waited = (f" after --start-timeout {config.start_timeout:g}s"
-                          if config.dynamic_hosts else "")
-                raise JobFailedError(
-                    f"-np {config.np} needs {config.np} slots, but only {total} are available"
-                    f"{waited} (hosts: {format_hosts(self._registry.discovered) or 'none'})")
             await self._watcher.wait_and_poll(
                 min(config.discovery_interval, max(0.0, deadline - loop.time())))
 
@@ -312,14 +311,9 @@ class Driver:
             if len(assignment) >= config.min_np:
                 return assignment
             now = time.monotonic()
-            discovered = self._registry.discovered
-            returning = self._registry.next_cooldown_end(now)
-            all_blacklisted = bool(discovered) and all(
-                self._registry.is_blacklisted(h, now) for h in discovered)
-            if returning is None and (not config.dynamic_hosts or all_blacklisted):
-                why = "all hosts are blacklisted" if all_blacklisted else (
-                    f"only {len(assignment)} slot(s) left, --min-np is {config.min_np}")
-                self._fail(f"no progress possible: {why}{self._failures.suffix()}")
+            short = shortfall(config, len(assignment), self._registry, now)
+            if short.hopeless is not None:
+                self._fail(f"no progress possible: {short.hopeless}{self._failures.suffix()}")
                 return None
             if deadline is None:
                 deadline = loop.time() + config.elastic_timeout
@@ -330,8 +324,8 @@ class Driver:
                 self._fail(f"elastic timeout: fewer than --min-np {config.min_np} slots for "
                            f"{config.elastic_timeout:g}s{self._failures.suffix()}")
                 return None
-            if returning is not None:
-                remaining = min(remaining, max(0.01, returning - now))
+            if short.wake_at is not None:
+                remaining = min(remaining, max(0.01, short.wake_at - now))
             self._hosts_changed.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._hosts_changed.wait(), remaining)
@@ -485,7 +479,7 @@ class Driver:
         self._hosts_changed.set()
         self._watcher.wake(poll=False)
 
-    # --- ControlTarget: /status, /metrics and the host-change webhook -----------------------
+    # --- what /status and /metrics show ------------------------------------------------------
     def _view(self) -> JobView:
         current = self._rendezvous.current_round
         if self._stopping or self._finished.done():
@@ -509,20 +503,6 @@ class Driver:
             min_np=self._config.min_np, max_np=self._config.max_np,
             reset_limit=self._config.reset_limit, discovery=self._watcher.describe(),
             discovery_error=self._watcher.last_error)
-
-    def status(self) -> dict[str, Any]:
-        return build_status(self._view())
-
-    def metrics(self) -> bytes:
-        self._telemetry.refresh(count_states(host_states(self._view())))
-        return self._telemetry.metrics.render()
-
-    def hosts_view(self) -> dict[str, Any]:
-        return {"hosts": self._registry.discovered, "drained": sorted(self._registry.drained),
-                "source": self._watcher.describe()}
-
-    def push_hosts(self, action: str, hosts: HostSlots) -> dict[str, Any]:
-        return self._watcher.push(action, hosts)
 
     def worker_joined(self, worker_id: str, round_number: int, rank: int) -> None:
         worker = self._pool.get(worker_id) if self._pool else None

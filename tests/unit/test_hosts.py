@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from elasticrun.config import DriverConfig
+from elasticrun.driver.capacity import Shortfall, shortfall, start_refusal
 from elasticrun.driver.hosts import HostRegistry
 
 T0 = 1000.0
@@ -270,3 +273,44 @@ def test_drained_and_blacklisted_host_stays_out_after_undrain() -> None:
     registry.blacklist("a", T0)
     registry.undrain("a")
     assert registry.usable(T0) == {"b": 1}
+
+
+# --- capacity policy (driver/capacity.py) ------------------------------------------------------
+
+def _config(**kw: object) -> DriverConfig:
+    base: dict[str, object] = {"command": ("x",), "np": 4, "min_np": 4, "max_np": 4}
+    base.update(kw)
+    return DriverConfig(**base)  # type: ignore[arg-type]
+
+
+def test_start_needs_np_slots_unless_elastic_and_waited_out() -> None:
+    registry = HostRegistry()
+    registry.update({"a": 2, "b": 1})
+    fixed = _config(hosts=(("a", 2), ("b", 1)))
+    assert start_refusal(fixed, 4, registry, waited_out=False) is None
+    assert start_refusal(fixed, 3, registry, waited_out=False) == \
+        "-np 4 needs 4 slots, but only 3 are available (hosts: a:2,b:1)"
+    elastic = _config(min_np=2, max_np=None, hosts=(("a", 2), ("b", 1)))
+    assert start_refusal(elastic, 3, registry, waited_out=False) is None
+    dynamic = _config(min_np=2, max_np=None, discovery_script=Path("h.sh"))
+    assert start_refusal(dynamic, 1, registry, waited_out=False) is None  # keeps waiting
+    assert start_refusal(dynamic, 1, registry, waited_out=True) == (
+        "-np 4 needs 4 slots, but only 1 are available after --start-timeout 30s "
+        "(hosts: a:2,b:1)")
+
+
+def test_shortfall_is_hopeless_only_when_nothing_can_return() -> None:
+    registry = HostRegistry(cooldown_range=(10.0, 10.0))
+    registry.update({"a": 2, "b": 2})
+    fixed = _config(min_np=2, hosts=(("a", 2), ("b", 2)))
+    assert shortfall(fixed, 1, registry, now=0.0) == Shortfall(
+        "only 1 slot(s) left, --min-np is 2", None)
+    registry.blacklist("a", now=0.0)
+    assert shortfall(fixed, 2, registry, now=1.0) == Shortfall(None, 10.0)  # a returns at 10
+    dynamic = _config(min_np=2, discovery_script=Path("h.sh"))
+    permanent = HostRegistry()
+    permanent.update({"a": 2})
+    assert shortfall(dynamic, 0, permanent, now=0.0) == Shortfall(None, None)  # hosts may come
+    permanent.blacklist("a", now=0.0)
+    assert shortfall(dynamic, 0, permanent, now=0.0) == Shortfall(
+        "all hosts are blacklisted", None)
