@@ -80,6 +80,9 @@ def _positive(_ctx: click.Context, param: click.Parameter, value: float | None) 
 @click.option("--collective-timeout", type=float, default=60.0, show_default=True,
               callback=_positive, help="Seconds a collective may block before it counts "
                                        "as a failure.")
+@click.option("--driver-timeout", type=float, default=30.0, show_default=True,
+              callback=_positive, help="Seconds a worker goes on without reaching the driver "
+                                       "before it decides the driver is gone and stops.")
 @click.option("--ssh-port", type=click.IntRange(1, 65535),
               help="SSH port of remote hosts [default: from ~/.ssh/config, else 22].")
 @click.option("--ssh-identity-file", type=click.Path(path_type=Path), metavar="FILE",
@@ -199,6 +202,7 @@ def build_config(
     event_log: Path | None = None,
     webhook_token_file: Path | None = None,
     event_secret_file: Path | None = None,
+    driver_timeout: float = 30.0,
 ) -> DriverConfig:
     default_slots = slots_per_host or 1
     static_hosts = None
@@ -246,6 +250,7 @@ def build_config(
         reset_limit=reset_limit,
         blacklist_cooldown=blacklist_cooldown_range,
         collective_timeout=collective_timeout,
+        driver_timeout=driver_timeout,
         network_interface=network_interface,
         output_filename=output_filename,
         prefix_timestamp=prefix_output_with_timestamp,

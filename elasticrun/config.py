@@ -25,6 +25,7 @@ class DriverConfig:
     reset_limit: int | None = None
     blacklist_cooldown: tuple[float, float] | None = None
     collective_timeout: float = 60.0
+    driver_timeout: float = 30.0  # a worker that cannot reach the driver this long stops
     network_interface: str | None = None
     output_filename: Path | None = None
     prefix_timestamp: bool = False
@@ -71,7 +72,7 @@ class DriverConfig:
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"--port must be 0..65535, got {self.port}")
         for name in ("discovery_interval", "discovery_timeout", "start_timeout",
-                     "elastic_timeout", "collective_timeout"):
+                     "elastic_timeout", "collective_timeout", "driver_timeout"):
             if getattr(self, name) <= 0:
                 flag = "--" + name.replace("_", "-")
                 raise ConfigError(f"{flag} must be positive, got {getattr(self, name)}")

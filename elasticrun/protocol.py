@@ -28,6 +28,8 @@ ENV_WORKER_ID = "ELASTICRUN_WORKER_ID"
 ENV_SECRET = "ELASTICRUN_SECRET"
 ENV_COLLECTIVE_TIMEOUT = "ELASTICRUN_COLLECTIVE_TIMEOUT"
 ENV_ROUND_TIMEOUT = "ELASTICRUN_ROUND_TIMEOUT"
+ENV_DRIVER_TIMEOUT = "ELASTICRUN_DRIVER_TIMEOUT"
+DEFAULT_DRIVER_TIMEOUT_S = 30.0
 # The operator's secrets: read by the driver, never passed on to workers.
 ENV_WEBHOOK_TOKEN = "ELASTICRUN_WEBHOOK_TOKEN"
 ENV_EVENT_SECRET = "ELASTICRUN_EVENT_SECRET"
@@ -50,6 +52,15 @@ MAX_POLL_S = 30.0
 # Store keys of round N live under this prefix, so nothing leaks between rounds.
 def round_prefix(round_number: int) -> str:
     return f"elasticrun/round{round_number}/"
+
+
+def round_of_key(key: str) -> int | None:
+    """The round a store key belongs to (it starts with round_prefix(n)), if any."""
+    head, sep, _ = key.partition("/round")
+    if head != "elasticrun" or not sep:
+        return None
+    number, slash, _ = key[len("elasticrun/round"):].partition("/")
+    return int(number) if slash and number.isdigit() and len(number) < 10 else None
 
 
 def new_secret() -> str:

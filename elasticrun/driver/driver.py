@@ -55,6 +55,7 @@ log = logging.getLogger("elasticrun.driver")
 
 FAILURE_COALESCE_S = 0.05  # let a whole host's exits arrive before the next round is cut
 UNEXPLAINED_RESET_GRACE_S = 0.5  # a worker saw a failure the driver has not seen yet
+REJOIN_SLACK_S = 5.0  # beyond the collective timeout, for a running worker to rejoin
 EXIT_CODE_SIGINT = 130
 EXIT_CODE_SIGTERM = 143
 
@@ -138,6 +139,7 @@ class Driver:
             secret=self._secret,
             collective_timeout=self._config.collective_timeout,
             round_timeout=self._config.start_timeout + self._config.elastic_timeout,
+            driver_timeout=self._config.driver_timeout,
             gloo_interface=self._config.network_interface or ("lo" if all_local else None),
         )
         settings = PoolSettings(
@@ -417,10 +419,17 @@ class Driver:
 
     # --- RendezvousListener ----------------------------------------------------------------------
     def barrier_started(self, round_number: int) -> None:
-        timeout = self._config.start_timeout
-        asyncio.get_running_loop().call_later(timeout, self._barrier_expired, round_number)
+        loop = asyncio.get_running_loop()
+        start = self._config.start_timeout
+        loop.call_later(start, self._barrier_expired, round_number, start, False)
+        # A worker that was already running needs no start-up: it rejoins as soon as its
+        # collective fails, which takes at most the collective timeout. One that does not is
+        # stuck (stopped, hung in user code) and is failed without waiting for the start timeout.
+        rejoin = self._config.collective_timeout + REJOIN_SLACK_S
+        if rejoin < start:
+            loop.call_later(rejoin, self._barrier_expired, round_number, rejoin, True)
 
-    def _barrier_expired(self, round_number: int) -> None:
+    def _barrier_expired(self, round_number: int, waited: float, survivors_only: bool) -> None:
         current = self._rendezvous.current_round
         if self._stopping or current is None or current.number != round_number or current.complete:
             return
@@ -429,8 +438,10 @@ class Driver:
             worker = self._pool.get(current.members[slot])
             if worker is None or not worker.alive or worker.state is not WorkerState.RUNNING:
                 continue
+            if survivors_only and worker.joined_round == 0:
+                continue  # still starting up: the start timeout applies
             cause = (f"rank {current.assignment[slot].rank} on host {slot.host} did not join "
-                     f"round {round_number} within {self._config.start_timeout:g}s")
+                     f"round {round_number} within {waited:g}s")
             self._failures.worker_failed(cause, host=slot.host, kind="check_in_timeout",
                                          rank=current.assignment[slot].rank,
                                          stderr_tail=worker.stderr_tail)
@@ -508,6 +519,7 @@ class Driver:
         worker = self._pool.get(worker_id) if self._pool else None
         if worker is not None:
             worker.rank = rank
+            worker.joined_round = round_number
 
 
 def _slots_per_host(assignment: Assignment) -> HostSlots:

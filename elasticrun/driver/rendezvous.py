@@ -282,11 +282,30 @@ class Rendezvous:
             pass
         return web.json_response({"seq": self._notice_seq, "broken_round": self._broken_round})
 
+    def _check_member(self, worker_id: str, keys: list[str]) -> web.Response | None:
+        """A round's keys are its members' only: a worker of another round (a late one, a
+        released one) cannot read or change them."""
+        if worker_id not in self._workers:
+            return _error(403, "unknown worker")
+        current = self._round
+        for number in {n for key in keys if (n := protocol.round_of_key(key)) is not None}:
+            if current is not None and number < current.number:
+                return _error(410, f"round {number} is over")
+            if current is None or number > current.number \
+                    or worker_id not in current.members.values():
+                return _error(403, f"not a member of round {number}")
+        return None
+
     async def _handle_kv(self, request: web.Request) -> web.Response:
         op = request.match_info["op"]
         payload = request[PAYLOAD]
         store = self.store
         result: dict[str, Any]
+        if op not in protocol.KV_OPS:
+            return _error(404, f"unknown store operation {op[:40]!r}")
+        refused = self._check_member(_field(payload, "worker", str), _touched_keys(op, payload))
+        if refused is not None:
+            return refused
         if op in ("get", "wait", "multi_get"):
             keys = _keys(payload) if op != "get" else [_key(payload)]
             if any(store.is_abandoned(key) and store.get(key) is None for key in keys):
@@ -333,6 +352,14 @@ class Rendezvous:
         else:
             return _error(404, f"unknown store operation {op[:40]!r}")
         return web.json_response(result)
+
+
+def _touched_keys(op: str, payload: dict[str, Any]) -> list[str]:
+    if op in ("wait", "multi_get", "check"):
+        return _keys(payload)
+    if op in ("set", "get", "add", "compare_set", "delete"):
+        return [_key(payload)]
+    return []
 
 
 def _error(status: int, message: str) -> web.Response:

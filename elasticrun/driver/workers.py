@@ -43,6 +43,7 @@ class Worker:
     process: WorkerProcess | None = None
     state: WorkerState = WorkerState.RUNNING
     exit_code: int | None = None
+    joined_round: int = 0  # the last round it joined; 0: none yet (it is starting up)
     stderr_tail: deque[str] = field(default_factory=new_tail)
     watcher: asyncio.Task[None] | None = None
 
@@ -67,6 +68,7 @@ class EnvSettings:
     secret: str
     collective_timeout: float
     round_timeout: float
+    driver_timeout: float
     gloo_interface: str | None
 
 
@@ -102,6 +104,7 @@ def worker_env(
         protocol.ENV_SECRET: settings.secret,
         protocol.ENV_COLLECTIVE_TIMEOUT: f"{settings.collective_timeout:g}",
         protocol.ENV_ROUND_TIMEOUT: f"{settings.round_timeout:g}",
+        protocol.ENV_DRIVER_TIMEOUT: f"{settings.driver_timeout:g}",
         "RANK": str(info.rank),
         "WORLD_SIZE": str(info.size),
         "LOCAL_RANK": str(info.local_rank),

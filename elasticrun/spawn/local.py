@@ -1,17 +1,42 @@
-"""Local workers: subprocesses, each the leader of its own session and process group."""
+"""Local workers: subprocesses, each the leader of its own session and process group.
+
+If the driver itself is killed (SIGKILL: no chance to stop anyone), the kernel sends each
+local worker SIGTERM (Linux's parent-death signal), so no local worker outlives it.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import signal
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from elasticrun.errors import SpawnError
 
 OUTPUT_LIMIT = 1024 * 1024  # bytes a reader buffers before the pump drains it
+_PR_SET_PDEATHSIG = 1
+
+
+def _parent_death_signal() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl  # resolved here, not in the child
+    except (OSError, AttributeError):
+        return None
+
+
+_prctl = _parent_death_signal()
+
+
+def _die_with_driver() -> None:
+    """Runs in the child between fork and exec: only a call into libc, no Python imports."""
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class LocalProcess:
@@ -55,6 +80,7 @@ class LocalSpawner:
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 start_new_session=True,
+                preexec_fn=_die_with_driver,
                 limit=OUTPUT_LIMIT,
             )
         except FileNotFoundError:

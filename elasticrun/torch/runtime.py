@@ -12,6 +12,7 @@ import datetime
 import gc
 import logging
 import os
+import signal
 import socket
 import sys
 import threading
@@ -83,7 +84,8 @@ def init() -> None:
         if interface:  # the interface that reaches the driver reaches the peers too
             os.environ["GLOO_SOCKET_IFNAME"] = interface
     runtime.notices = NoticeWatcher(
-        client, lambda: runtime.round, lambda broken: _round_broken(runtime, broken))
+        client, lambda: runtime.round, lambda broken: _round_broken(runtime, broken),
+        lambda reason: _driver_lost(runtime, reason))
     _join(runtime, last_round=0)
     runtime.notices.start()
     _runtime = runtime
@@ -147,7 +149,7 @@ def _join(runtime: Runtime, last_round: int) -> None:
     runtime.slot = reply.slot
     runtime.notice_seq = reply.notice_seq
     _publish_env(reply.slot)
-    store = DriverStore(runtime.client, timeout=runtime.collective_timeout)
+    store = DriverStore(runtime.client, runtime.worker_id, timeout=runtime.collective_timeout)
     runtime.store = store
     prefixed = dist.PrefixStore(protocol.round_prefix(reply.round), store)
     before = open_socket_fds()
@@ -172,6 +174,19 @@ def _round_broken(runtime: Runtime, broken_round: int) -> None:
             count = sever(runtime.round_sockets)
             runtime.round_sockets = {}
             log.debug("round %d broke; severed %d connection(s)", broken_round, count)
+
+
+def _driver_lost(runtime: Runtime, reason: str) -> None:
+    """Called by the watcher thread: nobody will ever tell this worker what to do again.
+    It stops, with everything it started, instead of waiting forever."""
+    try:
+        sys.stderr.write(f"elasticrun: rank {runtime.slot.rank}: {reason}; the driver is "
+                         f"gone, so this worker stops\n")
+        sys.stderr.flush()
+    finally:
+        if os.getpgrp() == os.getsid(0):  # our own session, as elasticrun started us
+            os.killpg(os.getpgrp(), signal.SIGKILL)
+        os._exit(1)
 
 
 def _resolve(host: str, port: int) -> tuple[str, int]:

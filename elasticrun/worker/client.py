@@ -31,7 +31,8 @@ class RequestRefusedError(RuntimeError):
 
 class DriverClient:
     def __init__(
-        self, host: str, port: int, secret: str, unreachable_timeout: float = 30.0
+        self, host: str, port: int, secret: str,
+        unreachable_timeout: float = protocol.DEFAULT_DRIVER_TIMEOUT_S,
     ) -> None:
         self._host = host
         self._port = port
@@ -46,7 +47,12 @@ class DriverClient:
             env[protocol.ENV_RENDEZVOUS_ADDR],
             int(env[protocol.ENV_RENDEZVOUS_PORT]),
             env[protocol.ENV_SECRET],
+            float(env.get(protocol.ENV_DRIVER_TIMEOUT, protocol.DEFAULT_DRIVER_TIMEOUT_S)),
         )
+
+    @property
+    def unreachable_timeout(self) -> float:
+        return self._unreachable_timeout
 
     def call(self, path: str, payload: dict[str, Any], wait: float = 0.0) -> dict[str, Any]:
         """POSTs `payload` to `path`; `wait` is how long the server may hold the request."""
@@ -87,7 +93,8 @@ class DriverClient:
         if conn is None:
             conn = http.client.HTTPConnection(self._host, self._port)
             self._local.conn = conn
-        conn.timeout = wait + 15.0
+        # A driver that accepts but never answers (stopped, hung) counts as unreachable too.
+        conn.timeout = wait + min(15.0, self._unreachable_timeout)
         if conn.sock is not None:
             conn.sock.settimeout(conn.timeout)
         return conn

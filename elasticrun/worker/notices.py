@@ -5,7 +5,8 @@ strictly increasing sequence number; a round records the highest notice it refle
 so a notice is pending exactly when the latest known number is higher, and nothing is
 lost when one arrives during a reset. When the driver declares the worker's round
 broken (a member failed), the watcher calls `on_round_broken` so that a worker blocked
-in a collective is released at once instead of at the collective timeout.
+in a collective is released at once instead of at the collective timeout. When the driver
+has not answered for the driver timeout, it is gone: the watcher calls `on_driver_lost`.
 """
 
 from __future__ import annotations
@@ -27,10 +28,14 @@ class NoticeWatcher:
         client: DriverClient,
         current_round: Callable[[], int],
         on_round_broken: Callable[[int], None],
+        on_driver_lost: Callable[[str], None],
     ) -> None:
         self._client = client
         self._current_round = current_round
         self._on_round_broken = on_round_broken
+        self._on_driver_lost = on_driver_lost
+        # Short enough that a driver that stopped answering is noticed within the timeout.
+        self._poll_s = min(protocol.MAX_POLL_S, max(1.0, client.unreachable_timeout / 2))
         self._latest = 0
         self._handled_broken = 0
         self._thread = threading.Thread(target=self._loop, name="elasticrun-notices",
@@ -49,10 +54,13 @@ class NoticeWatcher:
             try:
                 reply = self._client.call(
                     protocol.PATH_NOTICES,
-                    {"after": self._latest, "round": watched, "timeout": protocol.MAX_POLL_S},
-                    wait=protocol.MAX_POLL_S,
+                    {"after": self._latest, "round": watched, "timeout": self._poll_s},
+                    wait=self._poll_s,
                 )
-            except (DriverUnreachableError, RequestRefusedError) as exc:
+            except DriverUnreachableError as exc:
+                self._on_driver_lost(str(exc))
+                return
+            except RequestRefusedError as exc:
                 log.debug("notice poll failed: %s", exc)
                 time.sleep(1.0)
                 continue

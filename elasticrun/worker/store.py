@@ -29,12 +29,14 @@ def _decode(text: str) -> bytes:
 
 
 class DriverStore(dist.Store):
-    def __init__(self, client: DriverClient, timeout: float = 300.0) -> None:
+    def __init__(self, client: DriverClient, worker_id: str, timeout: float = 300.0) -> None:
         super().__init__()
         self._client = client
+        self._worker_id = worker_id  # the driver lets only a round's members use its keys
         self._timeout_s = timeout
 
     def _kv(self, op: str, wait: float = 0.0, **payload: Any) -> dict[str, Any]:
+        payload["worker"] = self._worker_id
         try:
             return self._client.call(protocol.PATH_KV_PREFIX + op, payload, wait=wait)
         except RequestRefusedError as exc:

@@ -29,6 +29,7 @@ from tests.fakes import RecordingListener
 
 SECRET = protocol.new_secret()
 KV = protocol.PATH_KV_PREFIX
+TESTER = "tester"  # a registered worker, member of no round: may use keys outside rounds
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -84,8 +85,11 @@ class Server:
         secret: str = SECRET,
         timeout: float = 40.0,
     ) -> Reply:
-        """A correctly signed request (with `secret`); `payload` is JSON-encoded unless `body`."""
+        """A correctly signed request (with `secret`); `payload` is JSON-encoded unless `body`.
+        KV calls name the fixture's worker unless the payload names one."""
         if body is None:
+            if path.startswith(KV) and isinstance(payload, dict):
+                payload = {"worker": TESTER, **payload}
             body = json.dumps({} if payload is None else payload).encode()
         headers = protocol.sign_headers(secret, method, path, body)
         return await self.send(method, path, body, headers, timeout)
@@ -103,7 +107,7 @@ def b64(data: bytes) -> str:
 
 async def send_set_signed_at(server: Server, timestamp: str) -> Reply:
     """A `set` correctly signed with the secret, but carrying the given timestamp."""
-    body = json.dumps({"key": "k", "value": b64(b"v")}).encode()
+    body = json.dumps({"worker": TESTER, "key": "k", "value": b64(b"v")}).encode()
     nonce = protocol.new_nonce()
     headers = {
         protocol.HEADER_TIMESTAMP: timestamp,
@@ -137,6 +141,7 @@ async def raw_status(port: int, request: bytes) -> int:
 async def server():
     listener = RecordingListener()
     rv = Rendezvous(SECRET, listener)
+    rv.register_worker(TESTER, SlotId("tester-host", 0))
     port = await rv.start("127.0.0.1")
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
     try:
@@ -164,7 +169,7 @@ async def test_signed_request_is_accepted(server: Server) -> None:
 
 @pytest.mark.parametrize("drop", [None, "timestamp", "nonce", "signature"])
 async def test_unsigned_or_partly_signed_set_is_refused(server: Server, drop: str | None) -> None:
-    body = json.dumps({"key": "secret-key", "value": b64(b"x")}).encode()
+    body = json.dumps({"worker": TESTER, "key": "secret-key", "value": b64(b"x")}).encode()
     headers = protocol.sign_headers(SECRET, "POST", KV + "set", body)
     if drop is None:
         headers = {}
@@ -190,8 +195,8 @@ async def test_wrong_secret_is_refused(server: Server) -> None:
 
 
 async def test_signature_over_other_body_path_or_method_is_refused(server: Server) -> None:
-    body = json.dumps({"key": "k", "value": b64(b"v")}).encode()
-    other_body = json.dumps({"key": "k", "value": b64(b"w")}).encode()
+    body = json.dumps({"worker": TESTER, "key": "k", "value": b64(b"v")}).encode()
+    other_body = json.dumps({"worker": TESTER, "key": "k", "value": b64(b"w")}).encode()
     cases = [
         # (what was signed: method, path, body) for a POST of `body` to KV set
         ("POST", KV + "set", other_body),
@@ -219,7 +224,7 @@ async def test_stale_or_future_timestamp_is_refused(server: Server, offset: floa
 
 async def test_timestamp_inside_window_is_accepted(server: Server) -> None:
     """Counterpart of the stale test: the same construction, 5 s old, is fine."""
-    body = json.dumps({"key": "k", "value": b64(b"v")}).encode()
+    body = json.dumps({"worker": TESTER, "key": "k", "value": b64(b"v")}).encode()
     timestamp = f"{time.time() - 5:.6f}"
     nonce = protocol.new_nonce()
     headers = {
@@ -257,7 +262,7 @@ async def test_non_finite_timestamp_is_refused(server: Server, timestamp: str) -
 
 
 async def test_exact_replay_is_refused_and_has_no_effect(server: Server) -> None:
-    body = json.dumps({"key": "counter", "amount": 1}).encode()
+    body = json.dumps({"worker": TESTER, "key": "counter", "amount": 1}).encode()
     headers = protocol.sign_headers(SECRET, "POST", KV + "add", body)
     first = await server.send("POST", KV + "add", body, headers)
     assert first.status == 200
@@ -271,7 +276,7 @@ async def test_exact_replay_is_refused_and_has_no_effect(server: Server) -> None
 
 
 async def test_replay_on_a_fresh_connection_is_refused(server: Server) -> None:
-    body = json.dumps({"key": "counter", "amount": 5}).encode()
+    body = json.dumps({"worker": TESTER, "key": "counter", "amount": 5}).encode()
     headers = protocol.sign_headers(SECRET, "POST", KV + "add", body)
     assert (await server.send("POST", KV + "add", body, headers)).status == 200
     async with aiohttp.ClientSession() as other:
@@ -388,9 +393,9 @@ async def test_body_over_limit_is_413(server: Server) -> None:
 
 async def test_body_just_under_limit_is_accepted(server: Server) -> None:
     """Counterpart of the 413 test: the limit is not stricter than documented."""
-    envelope = len(b'{"key": "big", "value": ""}')
+    envelope = len(b'{"worker": "tester", "key": "big", "value": ""}')
     room = (protocol.MAX_BODY_BYTES - envelope) // 4 * 4
-    body = b'{"key": "big", "value": "' + b"A" * room + b'"}'
+    body = b'{"worker": "tester", "key": "big", "value": "' + b"A" * room + b'"}'
     assert len(body) <= protocol.MAX_BODY_BYTES
     reply = await server.signed(KV + "set", body=body)
     assert reply.status == 200
@@ -436,12 +441,12 @@ async def test_undecodable_content_encoding_is_4xx(server: Server, encoding: str
 def _raw_signed_num_keys(
     nonce: bytes | None = None, signature: bytes | None = None
 ) -> bytes:
-    body = b"{}"
+    body = b'{"worker": "tester"}'
     headers = protocol.sign_headers(SECRET, "POST", KV + "num_keys", body)
     lines = [
         b"POST " + (KV + "num_keys").encode() + b" HTTP/1.1",
         b"Host: 127.0.0.1",
-        b"Content-Length: 2",
+        b"Content-Length: " + str(len(body)).encode(),
         b"Connection: close",
         protocol.HEADER_TIMESTAMP.encode() + b": " + headers[protocol.HEADER_TIMESTAMP].encode(),
         protocol.HEADER_NONCE.encode() + b": "
@@ -721,6 +726,8 @@ async def test_notices_long_poll(server: Server) -> None:
 async def test_broken_round_releases_watchers_and_store_waiters(server: Server) -> None:
     """When the driver marks a round broken, its members stop waiting on it at once."""
     key = protocol.round_prefix(3) + "gloo/rank1"
+    tester_slot = SlotId("tester-host", 0)
+    server.rv.open_round(3, assign([("tester-host", 1)]), {tester_slot: TESTER})
     watcher = asyncio.create_task(
         server.signed(protocol.PATH_NOTICES, {"after": 0, "round": 3, "timeout": 20}))
     getter = asyncio.create_task(server.signed(KV + "get", {"key": key, "timeout": 20}))
@@ -736,7 +743,8 @@ async def test_broken_round_releases_watchers_and_store_waiters(server: Server) 
     # A watcher of a later round is not woken by round 3 breaking.
     assert (await asyncio.wait_for(other_round, 5)).json == {"seq": 0, "broken_round": 3}
     assert time.monotonic() - started >= 0.5
-    # Keys of other rounds still work.
+    # The next round's keys work.
+    server.rv.open_round(4, assign([("tester-host", 1)]), {tester_slot: TESTER})
     await server.kv("set", key=protocol.round_prefix(4) + "x", value=b64(b"v"))
     assert (await server.kv("get", key=protocol.round_prefix(4) + "x", timeout=1))["value"]
 
@@ -744,14 +752,15 @@ async def test_broken_round_releases_watchers_and_store_waiters(server: Server) 
 async def test_driver_client_kv_and_refusals(server: Server) -> None:
     client = DriverClient("127.0.0.1", server.port, SECRET, unreachable_timeout=5)
     try:
-        await asyncio.to_thread(client.call, KV + "set", {"key": "dc", "value": b64(b"hello")})
+        await asyncio.to_thread(client.call, KV + "set",
+                                {"worker": TESTER, "key": "dc", "value": b64(b"hello")})
         assert server.rv.store.get("dc") == b"hello"
-        reply = await asyncio.to_thread(client.call, KV + "get", {"key": "dc"})
+        reply = await asyncio.to_thread(client.call, KV + "get", {"worker": TESTER, "key": "dc"})
         assert reply == {"value": b64(b"hello")}
         assert await asyncio.to_thread(
-            client.call, KV + "add", {"key": "dcn", "amount": 2}) == {"value": 2}
+            client.call, KV + "add", {"worker": TESTER, "key": "dcn", "amount": 2}) == {"value": 2}
         with pytest.raises(RequestRefusedError) as refused:
-            await asyncio.to_thread(client.call, KV + "set", {"key": "dc"})
+            await asyncio.to_thread(client.call, KV + "set", {"worker": TESTER, "key": "dc"})
         assert refused.value.status == 400
     finally:
         client.close()
@@ -759,7 +768,7 @@ async def test_driver_client_kv_and_refusals(server: Server) -> None:
     try:
         with pytest.raises(RequestRefusedError) as refused:
             await asyncio.to_thread(
-                intruder.call, KV + "set", {"key": "dc", "value": b64(b"evil")})
+                intruder.call, KV + "set", {"worker": TESTER, "key": "dc", "value": b64(b"evil")})
         assert refused.value.status == 401
     finally:
         intruder.close()
@@ -905,3 +914,27 @@ async def test_many_long_polls_do_not_starve_requests(server: Server) -> None:
         for w in waiters:
             w.cancel()
     assert results == [{"ready": False}] * n
+
+
+async def test_a_rounds_keys_are_its_members_only(server: Server) -> None:
+    """A worker of another round (late, released, or not yet a member) cannot read or
+    change a round's keys; an unknown worker cannot use the store at all."""
+    a, b = SlotId("a", 0), SlotId("b", 0)
+    server.rv.register_worker("wa", a)
+    server.rv.register_worker("wb", b)
+    server.rv.open_round(1, assign([("a", 1), ("b", 1)]), {a: "wa", b: "wb"})
+    key1 = protocol.round_prefix(1) + "k"
+    await server.kv("set", worker="wa", key=key1, value=b64(b"1"))
+    assert (await server.signed(KV + "get", {"worker": TESTER, "key": key1})).status == 403
+    assert (await server.signed(KV + "set", {"worker": "nobody", "key": "x",
+                                             "value": b64(b"v")})).status == 403
+    future = protocol.round_prefix(2) + "k"
+    assert (await server.signed(KV + "set", {"worker": "wa", "key": future,
+                                             "value": b64(b"v")})).status == 403
+    # Round 2 drops b: b may no longer touch round 1 (over) nor round 2 (not a member).
+    server.rv.open_round(2, assign([("a", 1)]), {a: "wa"})
+    assert (await server.signed(KV + "get", {"worker": "wb", "key": key1})).status == 410
+    assert (await server.signed(KV + "set", {"worker": "wb", "key": future,
+                                             "value": b64(b"evil")})).status == 403
+    await server.kv("set", worker="wa", key=future, value=b64(b"2"))
+    assert server.rv.store.get(future) == b"2"

@@ -130,3 +130,17 @@ def test_ctrl_c_leaves_no_remote_process(ssh_home: Path) -> None:
     proc.communicate(timeout=30)
     assert proc.returncode == 130
     assert_no_orphans(tag)
+
+
+def test_killed_driver_leaves_no_remote_process(ssh_home: Path) -> None:
+    """SIGKILL gives the driver no chance to stop anyone: the SSH connection's end does."""
+    proc, tag = start_job(["-H", "sshhost1:2", "--start-timeout", "60",
+                           PYTHON, str(SCRIPTS / "sleepy_train.py")], {"HOME": str(ssh_home)})
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 90
+    for line in proc.stdout:
+        if "step" in line or time.monotonic() > deadline:
+            break
+    proc.kill()
+    proc.communicate(timeout=30)
+    assert_no_orphans(tag, within=15)

@@ -6,7 +6,9 @@ Every process appends JSON lines to $LOG_DIR/<pid>.jsonl:
   {"event": "final", ...}   at the end: step, hash
   {"event": "restore", ...} when it rolls back to the last commit
 Faults (env): FAULTS="STEP:RANK:MODE,..." with MODE exception|sigkill|exit; each fires
-once per job, at the start of step STEP on the worker that is then rank RANK.
+once per job, at the start of step STEP on the worker that is then rank RANK. A file
+$LOG_DIR/raise-<pid> makes worker <pid> raise at its next step (and is removed).
+TRAIN_STOP_FILE: when it exists at the end of an epoch, training stops there.
 Rank 0 writes [committed step, world size] to $PROGRESS_FILE for discovery scripts.
 The learning rate is BASE_LR * world size, rescaled by a reset callback.
 """
@@ -36,6 +38,7 @@ SLOW_BELOW = int(os.environ.get("TRAIN_SLOW_BELOW", "0"))
 BASE_LR = 0.0125
 LOG_DIR = os.environ["LOG_DIR"]
 PROGRESS_FILE = os.environ.get("PROGRESS_FILE")
+STOP_FILE = os.environ.get("TRAIN_STOP_FILE")
 LOG_PATH = os.path.join(LOG_DIR, f"{os.getpid()}.jsonl")
 
 
@@ -54,6 +57,11 @@ def params_hash(model: torch.nn.Module) -> str:
 
 
 def maybe_fault(step: int) -> None:
+    raise_file = os.path.join(LOG_DIR, f"raise-{os.getpid()}")
+    if os.path.exists(raise_file):
+        os.remove(raise_file)
+        log("fault", step=step, mode="exception", rank=er.rank())
+        raise ValueError(f"injected exception at step {step}")
     for spec in filter(None, os.environ.get("FAULTS", "").split(",")):
         fault_step, fault_rank, mode = spec.split(":")
         if int(fault_step) != step or int(fault_rank) != er.rank():
@@ -132,9 +140,12 @@ def main() -> None:
             state.epoch += 1
             state.sampler.set_epoch(state.epoch)
             state.commit()
+            if STOP_FILE and er.broadcast_object(os.path.exists(STOP_FILE), root_rank=0):
+                break
 
     train(state)
-    log("final", rank=er.rank(), size=er.size(), step=state.step, hash=params_hash(model))
+    log("final", rank=er.rank(), size=er.size(), step=state.step, epoch=state.epoch,
+        hash=params_hash(model))
     print(f"finished rank {er.rank()} of {er.size()} at step {state.step}", flush=True)
     er.shutdown()
     sys.exit(0)

@@ -1,0 +1,242 @@
+"""A seeded chaos runner: trains a real job across local and SSH hosts while injecting
+faults at random moments, then checks that nothing was lost.
+
+Faults: SIGKILL of a worker, an exception in a worker, SIGSTOP of a worker (a hang, found
+by the collective timeout), removal and return of hosts through discovery, and a
+discovery script that fails or hangs for a while. After each fault the runner waits until
+training has moved on, so every fault counts only if the job survived it.
+
+Used by tests/chaos/test_chaos.py (a short CI run, and the long mode by hand:
+CHAOS_FAULTS=100 python -m pytest tests/chaos -s).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.integration.harness import PYTHON, SCRIPTS, read_records, start_job
+
+KINDS = {  # fault -> weight
+    "sigkill": 4, "exception": 4, "sigstop": 1, "remove_host": 2, "add_host": 2,
+    "discovery_fails": 1, "discovery_hangs": 1,
+}
+MIN_NP = 2
+COLLECTIVE_TIMEOUT_S = 4
+RECOVERY_TIMEOUT_S = 120.0
+
+DISCOVERY = f"""#!{PYTHON}
+import json, pathlib, sys, time
+here = pathlib.Path(__file__).parent
+mode = (here / "discovery_mode").read_text().strip()
+if mode == "fail":
+    sys.exit("chaos: discovery fails on purpose")
+if mode == "hang":
+    time.sleep(60)
+for host, slots in json.loads((here / "hosts.json").read_text()).items():
+    print(f"{{host}}:{{slots}}")
+"""
+
+
+@dataclass
+class ChaosReport:
+    seed: int
+    injected: list[tuple[float, str, str]] = field(default_factory=list)
+    driver_rss_kb: list[int] = field(default_factory=list)
+    returncode: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+    records: list[dict] = field(default_factory=list)
+    duration_s: float = 0.0
+
+    def counts(self) -> Counter[str]:
+        return Counter(kind for _, kind, _ in self.injected)
+
+    def summary(self) -> str:
+        kinds = ", ".join(f"{k} {n}" for k, n in sorted(self.counts().items()))
+        rss = self.driver_rss_kb
+        grown = (rss[-1] - rss[0]) / 1024 if len(rss) > 1 else 0.0
+        return (f"seed {self.seed}: {len(self.injected)} faults survived ({kinds}) in "
+                f"{self.duration_s:.0f}s; driver RSS {rss[0] / 1024 if rss else 0:.1f} -> "
+                f"{rss[-1] / 1024 if rss else 0:.1f} MiB ({grown:+.1f} MiB)")
+
+
+class Chaos:
+    def __init__(self, workdir: Path, seed: int, ssh_hosts: list[str],
+                 extra_env: dict[str, str] | None = None) -> None:
+        self.dir = workdir
+        self.rng = random.Random(seed)
+        self.report = ChaosReport(seed)
+        self.all_hosts = {"localhost": 2, "127.0.0.1": 2, "127.0.0.2": 1,
+                          **{host: 1 for host in ssh_hosts}}
+        self.listed = dict(self.all_hosts)
+        self.logs = workdir / "logs"
+        self.logs.mkdir(parents=True)
+        self.progress = workdir / "progress"
+        self.stop_file = workdir / "stop"
+        self.extra_env = extra_env or {}
+
+    # --- the job --------------------------------------------------------------------------
+    def start(self) -> None:
+        self._write_hosts()
+        (self.dir / "discovery_mode").write_text("ok")
+        script = self.dir / "discover.py"
+        script.write_text(DISCOVERY)
+        script.chmod(0o755)
+        env = {"TRAIN_SAMPLES": "48", "TRAIN_EPOCHS": "100000", "TRAIN_BATCH": "4",
+               "TRAIN_STEP_SLEEP": "0.02", "LOG_DIR": str(self.logs),
+               "PROGRESS_FILE": str(self.progress), "TRAIN_STOP_FILE": str(self.stop_file),
+               **self.extra_env}
+        self.started = time.monotonic()
+        self.proc, self.tag = start_job([
+            "-np", "4", "--min-np", str(MIN_NP), "--max-np", "6",
+            "--host-discovery-script", str(script), "--discovery-interval", "0.5",
+            "--discovery-timeout", "2", "--collective-timeout", str(COLLECTIVE_TIMEOUT_S),
+            "--start-timeout", "60", "--blacklist-cooldown-range", "2", "4",
+            PYTHON, str(SCRIPTS / "elastic_train.py")], env)
+
+    def run(self, faults: int) -> ChaosReport:
+        self.start()
+        try:
+            self._wait_progress(after=0, steps=3)
+            for _ in range(faults):
+                step = self._step()
+                kind, detail = self._inject()
+                self.report.injected.append((time.monotonic() - self.started, kind, detail))
+                self._wait_progress(after=step, steps=3)
+                self.report.driver_rss_kb.append(_rss_kb(self.proc.pid))
+            self.listed = dict(self.all_hosts)  # end healthy: every host, discovery working
+            self._write_hosts()
+            (self.dir / "discovery_mode").write_text("ok")
+            self.stop_file.touch()
+            out, err = self.proc.communicate(timeout=RECOVERY_TIMEOUT_S)
+        except BaseException:
+            self.proc.kill()
+            out, err = self.proc.communicate()
+            self.report.stdout, self.report.stderr = out, err
+            raise
+        self.report.returncode = self.proc.returncode
+        self.report.stdout, self.report.stderr = out, err
+        self.report.duration_s = time.monotonic() - self.started
+        self.report.records = list(read_records(self.logs))
+        return self.report
+
+    # --- faults ---------------------------------------------------------------------------
+    def _inject(self) -> tuple[str, str]:
+        while True:
+            kind = self.rng.choices(list(KINDS), weights=list(KINDS.values()))[0]
+            detail = getattr(self, f"_{kind}")()
+            if detail is not None:
+                return kind, detail
+
+    def _sigkill(self) -> str | None:
+        pid = self._victim()
+        if pid is None:
+            return None
+        os.kill(pid, signal.SIGKILL)
+        return f"pid {pid}"
+
+    def _exception(self) -> str | None:
+        pid = self._victim()
+        if pid is None:
+            return None
+        (self.logs / f"raise-{pid}").touch()
+        return f"pid {pid}"
+
+    def _sigstop(self) -> str | None:
+        pid = self._victim()
+        if pid is None:
+            return None
+        os.kill(pid, signal.SIGSTOP)  # the driver kills it once its round gives up on it
+        return f"pid {pid}"
+
+    def _remove_host(self) -> str | None:
+        candidates = [h for h in self.listed
+                      if sum(s for k, s in self.listed.items() if k != h) >= MIN_NP + 1]
+        if not candidates:
+            return None
+        host = self.rng.choice(sorted(candidates))
+        del self.listed[host]
+        self._write_hosts()
+        return host
+
+    def _add_host(self) -> str | None:
+        missing = sorted(set(self.all_hosts) - set(self.listed))
+        if not missing:
+            return None
+        host = self.rng.choice(missing)
+        self.listed[host] = self.all_hosts[host]
+        self._write_hosts()
+        return host
+
+    def _discovery_fails(self) -> str:
+        return self._discovery_mode("fail")
+
+    def _discovery_hangs(self) -> str:
+        return self._discovery_mode("hang")
+
+    def _discovery_mode(self, mode: str) -> str:
+        seconds = self.rng.uniform(1.5, 4.0)
+        (self.dir / "discovery_mode").write_text(mode)
+        time.sleep(seconds)
+        (self.dir / "discovery_mode").write_text("ok")
+        return f"{seconds:.1f}s"
+
+    def _victim(self) -> int | None:
+        """A running worker of the latest round (from the training records)."""
+        rounds = [r for r in read_records(self.logs) if r["event"] == "round"]
+        if not rounds:
+            return None
+        latest = max(r["round"] for r in rounds)
+        pids = sorted({r["pid"] for r in rounds if r["round"] == latest})
+        alive = [pid for pid in pids if _state(pid) in ("R", "S", "D")]
+        return self.rng.choice(alive) if alive else None
+
+    # --- helpers ----------------------------------------------------------------------------
+    def _write_hosts(self) -> None:
+        tmp = self.dir / "hosts.json.tmp"
+        tmp.write_text(json.dumps(self.listed))
+        tmp.replace(self.dir / "hosts.json")
+
+    def _step(self) -> int:
+        try:
+            return int(json.loads(self.progress.read_text())[0])
+        except (OSError, ValueError):
+            return 0
+
+    def _wait_progress(self, after: int, steps: int) -> None:
+        deadline = time.monotonic() + RECOVERY_TIMEOUT_S
+        while self._step() < after + steps:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the job ended during chaos ({self.proc.returncode})")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no progress for {RECOVERY_TIMEOUT_S:g}s after "
+                                     f"{self.report.injected[-1:]}")
+            time.sleep(0.05)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "gone"
+
+
+def _rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def final_epoch(records: list[dict]) -> int:
+    epochs = {r["epoch"] for r in records if r["event"] == "final"}
+    assert len(epochs) == 1, f"ranks ended in different epochs: {epochs}"
+    return epochs.pop()
+

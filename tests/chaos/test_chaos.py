@@ -1,0 +1,45 @@
+"""Chaos soak: a real job across local and SSH hosts survives random faults, losing nothing.
+
+CI runs a short soak (CHAOS_FAULTS, default 12). The long mode, by hand:
+    CHAOS_FAULTS=100 CHAOS_SEED=7 python -m pytest tests/chaos -s
+prints the summary line (faults by kind, duration, driver memory).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tests.chaos.runner import MIN_NP, Chaos, final_epoch
+from tests.integration.harness import assert_no_orphans
+from tests.integration.progress import check_job
+from tests.ssh.conftest import SSHServer
+
+FAULTS = int(os.environ.get("CHAOS_FAULTS", "12"))
+SEED = int(os.environ.get("CHAOS_SEED", "1"))
+RSS_GROWTH_LIMIT_MIB = 16.0
+
+
+def test_chaos_soak(tmp_path: Path, sshd: SSHServer) -> None:
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "config").write_text(
+        f"Host sshchaos\n  HostName 127.0.0.1\n  Port {sshd.port}\n"
+        f"  IdentityFile {sshd.client_key}\n")
+    (home / ".ssh" / "known_hosts").write_text(sshd.known_hosts_line())
+    chaos = Chaos(tmp_path / "job", SEED, ssh_hosts=["sshchaos"], extra_env={"HOME": str(home)})
+    report = chaos.run(FAULTS)
+    print("\n" + report.summary())
+    assert report.returncode == 0, report.stderr[-4000:]
+    assert_no_orphans(chaos.tag)
+
+    assert len(report.injected) == FAULTS >= 10
+    assert {"sigkill", "exception"} <= set(report.counts()), report.counts()
+    epochs = final_epoch(report.records)
+    views = check_job(report.records, samples=48, epochs=epochs)
+    assert len(views) > FAULTS // 2, "faults that never caused a new round?"
+    assert min(v.size for v in views) >= MIN_NP
+    assert any("sshchaos" in v.hosts_by_rank.values() for v in views)
+    # The driver does not grow with the rounds it went through (resets leave nothing behind).
+    rss = report.driver_rss_kb
+    assert (rss[-1] - min(rss[: max(1, len(rss) // 3)])) / 1024 < RSS_GROWTH_LIMIT_MIB, rss
