@@ -71,16 +71,21 @@ def hosts_in_rank_order(assignment: Assignment) -> list[str]:
 
 def assign_keeping_state(hosts: Sequence[tuple[str, int]], max_size: int | None,
                          holders: Sequence[SlotId]) -> Assignment:
-    """Like assign(), but never cuts a round in which nobody holds the committed state.
+    """Like assign(), but rank 0 always goes to a worker that holds the committed state.
 
     `holders` are the slots, in rank order, of the live workers that hold it (the current
-    round's members). When none of them would be in the new round (every host replaced at
-    once), the first holder stays for one more round as rank 0 and hands the state over;
-    the round after that lets it go.
+    round's surviving members). Hosts with holders go first, in their order, so a host
+    whose workers all died and were started afresh (back from the blacklist) can never
+    take rank 0 and broadcast a fresh model over the committed one. When no holder's host
+    is wanted any more (every host replaced at once), the first holder stays for one more
+    round as rank 0 and hands the state over; the round after that lets it go.
     """
-    assignment = assign(hosts, max_size)
+    holder_hosts = list(dict.fromkeys(slot.host for slot in holders))
+    ordered = sorted(hosts, key=lambda entry: (holder_hosts.index(entry[0])
+                                               if entry[0] in holder_hosts else len(holder_hosts)))
+    assignment = assign(ordered, max_size)
     if not holders or any(slot in assignment for slot in holders):
         return assignment
     keeper = holders[0]
-    rest = [(host, slots) for host, slots in hosts if host != keeper.host]
+    rest = [(host, slots) for host, slots in ordered if host != keeper.host]
     return assign([(keeper.host, keeper.index + 1), *rest], max_size)

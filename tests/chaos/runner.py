@@ -81,6 +81,9 @@ class Chaos:
         self.progress = workdir / "progress"
         self.stop_file = workdir / "stop"
         self.extra_env = extra_env or {}
+        self._planned = sorted(KINDS, key=lambda _: self.rng.random())
+        self._planned.remove("add_host")  # after a removal, so that it can apply
+        self._planned.insert(self._planned.index("remove_host"), "add_host")
 
     # --- the job --------------------------------------------------------------------------
     def start(self) -> None:
@@ -129,8 +132,13 @@ class Chaos:
 
     # --- faults ---------------------------------------------------------------------------
     def _inject(self) -> tuple[str, str]:
+        """The first faults are every kind once, in a seeded order; then weighted draws.
+        A kind that cannot apply now (no host to add back, ...) is replaced by a draw."""
         while True:
-            kind = self.rng.choices(list(KINDS), weights=list(KINDS.values()))[0]
+            if self._planned:
+                kind = self._planned.pop()
+            else:
+                kind = self.rng.choices(list(KINDS), weights=list(KINDS.values()))[0]
             detail = getattr(self, f"_{kind}")()
             if detail is not None:
                 return kind, detail

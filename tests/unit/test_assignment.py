@@ -299,3 +299,19 @@ def test_keeping_state_respects_max_size() -> None:
 
 def test_keeping_state_without_holders_is_plain_assignment() -> None:
     assert assign_keeping_state([("new", 2)], None, []) == assign([("new", 2)])
+
+
+def test_a_host_started_afresh_never_takes_rank_0_from_a_survivor() -> None:
+    """b's workers survived; a's died and a came back (cooldown over) with new workers."""
+    hosts = [("a", 1), ("b", 1), ("c", 2)]  # the previous round's order: a, b; then c
+    assignment = assign_keeping_state(hosts, None, [SlotId("b", 0)])
+    assert {slot: info.rank for slot, info in assignment.items()} == {
+        SlotId("b", 0): 0, SlotId("a", 0): 1, SlotId("c", 0): 2, SlotId("c", 1): 3}
+
+
+def test_survivors_keep_their_order() -> None:
+    hosts = [("a", 2), ("b", 2), ("c", 2)]
+    holders = [SlotId("b", 0), SlotId("b", 1), SlotId("c", 0), SlotId("c", 1)]
+    assignment = assign_keeping_state(hosts, None, holders)
+    assert [s.host for s, _ in sorted(assignment.items(), key=lambda i: i[1].rank)] == \
+        ["b", "b", "c", "c", "a", "a"]
