@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ipaddress
 import logging
 import os
+import resource
 import sys
 import urllib.parse
 from pathlib import Path
@@ -105,6 +108,9 @@ def _positive(_ctx: click.Context, param: click.Parameter, value: float | None) 
 @click.option("--port", type=click.IntRange(0, 65535), default=0,
               help="Port of the driver's server (workers, webhook, /status, /metrics) "
                    "[default: any free port].")
+@click.option("--bind", "bind", multiple=True, metavar="ADDR",
+              help="Address the driver listens on (repeatable; 0.0.0.0 for all, with a "
+                   "warning) [default: loopback and the addresses that reach the hosts].")
 @click.option("--webhook-token-file", type=click.Path(path_type=Path, dir_okay=False),
               metavar="FILE", help="Turns on the host-change webhook (/v1/hosts); requests "
                                    "must carry this bearer token. Or set "
@@ -138,6 +144,7 @@ def cli(**options: object) -> None:
     _setup_logging(level)
     config = build_config(**options)  # type: ignore[arg-type]
     discovery = build_discovery(config)
+    _raise_open_file_limit()
     output = OutputRouter(sys.stdout.buffer, sys.stderr.buffer, config.output_filename,
                           config.prefix_timestamp)
     try:
@@ -203,6 +210,7 @@ def build_config(
     webhook_token_file: Path | None = None,
     event_secret_file: Path | None = None,
     driver_timeout: float = 30.0,
+    bind: tuple[str, ...] = (),
 ) -> DriverConfig:
     default_slots = slots_per_host or 1
     static_hosts = None
@@ -261,6 +269,7 @@ def build_config(
         working_dir=(working_dir or Path.cwd()).absolute(),
         discovery=discovery,
         port=port,
+        bind=tuple(_check_bind(address) for address in bind),
         event_webhooks=tuple(_check_url(url) for url in event_webhooks),
         event_log=event_log,
         webhook_token=token,
@@ -280,6 +289,14 @@ def _read_secret(path: Path | None, env_name: str, flag: str) -> str | None:
         return value
     value = os.environ.get(env_name, "").strip()
     return value or None
+
+
+def _check_bind(address: str) -> str:
+    try:
+        return str(ipaddress.ip_address(address.strip("[]")))
+    except ValueError:
+        raise ConfigError(f"--bind {address!r}: expected an IP address of this machine "
+                          f"(or 0.0.0.0 for all interfaces)") from None
 
 
 def _check_url(url: str) -> str:
@@ -302,6 +319,16 @@ def build_discovery(config: DriverConfig) -> HostDiscovery:
         return HostfileDiscovery(config.hostfile, default_slots)
     assert config.hosts is not None
     return StaticDiscovery(dict(config.hosts))
+
+
+def _raise_open_file_limit() -> None:
+    """Every worker holds connections and pipes; a crowd of idle clients must not use up
+    the driver's descriptors either. Soft limit up to the hard one (no privilege needed)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 65536)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
 
 
 def _setup_logging(level: str) -> None:

@@ -37,6 +37,7 @@ class DriverConfig:
     working_dir: Path = field(default_factory=Path.cwd)
     discovery: str | None = None  # --discovery NAME[:ARG] or module.path:factory[:ARG]
     port: int = 0  # the driver's server; 0: any free port
+    bind: tuple[str, ...] = ()  # addresses the driver listens on; (): only those it needs
     webhook_token: str | None = field(default=None, repr=False)
     event_webhooks: tuple[str, ...] = ()
     event_log: Path | None = None

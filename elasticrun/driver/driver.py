@@ -31,6 +31,7 @@ from elasticrun.driver.control import Control
 from elasticrun.driver.failures import FailureLog
 from elasticrun.driver.hosts import HostRegistry
 from elasticrun.driver.hostwatch import HostWatcher, format_hosts
+from elasticrun.driver.listen import covered, dial_address, listen_addresses, wildcard_warning
 from elasticrun.driver.metrics import failure_cause
 from elasticrun.driver.operator import OperatorEndpoints
 from elasticrun.driver.output import OutputRouter
@@ -48,7 +49,7 @@ from elasticrun.driver.workers import (
     launcher_env,
     new_worker_id,
 )
-from elasticrun.errors import ElasticrunError, JobFailedError, SpawnError
+from elasticrun.errors import ConfigError, ElasticrunError, JobFailedError, SpawnError
 from elasticrun.spawn.base import Spawner
 
 log = logging.getLogger("elasticrun.driver")
@@ -126,11 +127,21 @@ class Driver:
         await self._watcher.first_poll()
         self._placement.set_hosts(list(self._registry.discovered))
         all_local = self._placement.all_local
-        bind = "127.0.0.1" if all_local else "0.0.0.0"
-        advertised = self._placement.address_for("localhost")
-        port = await self._rendezvous.start(bind, self._config.port, self._control.routes())
+        bind = self._config.bind
+        dialed = [dial_address(bind, self._placement.address_for(host))
+                  for host in ["localhost", *self._registry.discovered]]
+        addresses = listen_addresses(bind, all_local, dialed)
+        try:
+            port = await self._rendezvous.start(addresses, self._config.port,
+                                                self._control.routes())
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {', '.join(addresses)} port "
+                              f"{self._config.port}: {exc.strerror or exc}") from None
+        if (warning := wildcard_warning(addresses, port)) is not None:
+            log.warning("%s", warning)
+        advertised = dialed[0]
         log.info("job %s: status at http://%s:%d/status", self.job_id,
-                 "127.0.0.1" if all_local else advertised, port)
+                 "127.0.0.1" if covered(addresses, "127.0.0.1") else advertised, port)
         self._telemetry.job_started(self._config, self._registry.discovered,
                                     self._watcher.describe())
         env_settings = EnvSettings(
@@ -149,11 +160,11 @@ class Driver:
             env_settings=env_settings,
             base_env=self._base_env if self._base_env is not None else launcher_env(),
         )
-        self._pool = WorkerPool(settings, self._spawner_for, self._placement.address_for,
+        self._pool = WorkerPool(settings, self._spawner_for, self._dial_address,
                                 self._output, self._on_worker_exit)
         self._standbys = Standbys(self._pool, self._rendezvous, self._placement,
                                   self._config.min_np, self._spawn)
-        log.debug("driver server on %s:%d", bind, port)
+        log.debug("driver server on %s port %d", ", ".join(addresses), port)
         await self._wait_for_start()
         self._run_task(self._round_manager())
         self._run_task(self._watcher.run(self._after_poll))
@@ -334,6 +345,18 @@ class Driver:
 
 
     # --- workers ------------------------------------------------------------------------------
+    async def _dial_address(self, host: str) -> str:
+        """The driver's address for workers on `host`, listened on before they dial it."""
+        address = dial_address(self._config.bind, self._placement.address_for(host))
+        if not covered(self._rendezvous.listening, address):
+            try:
+                await self._rendezvous.listen(address)
+            except OSError as exc:
+                raise SpawnError(f"the driver cannot listen on {address} (the address host "
+                                 f"{host} reaches it at): {exc.strerror or exc}") from None
+            log.info("the driver now also listens on %s (for host %s)", address, host)
+        return address
+
     async def _spawn(self, slot: SlotId, worker_id: str, assignment: Assignment,
                      master: tuple[str, int], standby: bool) -> None:
         assert self._pool is not None

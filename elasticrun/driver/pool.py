@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,7 +39,7 @@ class WorkerPool:
         self,
         settings: PoolSettings,
         spawner_for: Callable[[str], Spawner],
-        address_for: Callable[[str], str],
+        address_for: Callable[[str], Awaitable[str]],
         output: OutputRouter,
         on_exit: Callable[[Worker, int], None],
     ) -> None:
@@ -68,8 +68,8 @@ class WorkerPool:
         self.workers[worker_id] = worker
         settings = self._settings
         env = worker_env(settings.base_env, settings.env_settings, worker_id, info, *master)
-        env[protocol.ENV_RENDEZVOUS_ADDR] = self._address_for(slot.host)
         try:
+            env[protocol.ENV_RENDEZVOUS_ADDR] = await self._address_for(slot.host)
             worker.process = await self._spawner_for(slot.host).spawn(
                 slot.host, settings.command, env, settings.working_dir)
         except SpawnError:

@@ -15,7 +15,7 @@ import json
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -81,6 +81,7 @@ class Rendezvous:
         self._operator_resources: set[web.AbstractResource | None] = set()
         self._closing = False
         self.port = 0
+        self.listening: list[str] = []
 
     # --- driver-facing -------------------------------------------------------------
     @property
@@ -144,9 +145,11 @@ class Rendezvous:
             return False
 
     # --- server lifecycle ------------------------------------------------------------
-    async def start(self, host: str, port: int = 0,
+    async def start(self, host: str | Sequence[str], port: int = 0,
                     extra_routes: Iterable[web.RouteDef] = ()) -> int:
-        """Serves the worker endpoints, and `extra_routes` (which do their own auth)."""
+        """Serves the worker endpoints, and `extra_routes` (which do their own auth), on
+        one port of each address in `host`."""
+        hosts = [host] if isinstance(host, str) else list(host)
         app = web.Application(
             client_max_size=protocol.MAX_BODY_BYTES, middlewares=[self._authenticate]
         )
@@ -158,12 +161,22 @@ class Rendezvous:
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
                                      shutdown_timeout=SHUTDOWN_TIMEOUT_S)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port, reuse_address=True)
+        site = web.TCPSite(self._runner, hosts[0], port, reuse_address=True)
         await site.start()
         addresses = self._runner.addresses
         assert addresses, "the rendezvous server did not bind"
         self.port = int(addresses[0][1])
+        self.listening = [hosts[0]]
+        for other in hosts[1:]:
+            await self.listen(other)
         return self.port
+
+    async def listen(self, host: str) -> None:
+        """Also serves on `host` (same port)."""
+        assert self._runner is not None
+        if host not in self.listening:
+            await web.TCPSite(self._runner, host, self.port, reuse_address=True).start()
+            self.listening.append(host)
 
     async def stop(self) -> None:
         self._closing = True  # long-polls answer at once instead of holding the shutdown

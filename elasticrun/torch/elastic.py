@@ -11,7 +11,6 @@ import torch.distributed as dist
 from elasticrun.torch import ops, runtime
 from elasticrun.torch.sampler import ElasticSampler
 from elasticrun.torch.state import TorchState
-from elasticrun.worker.client import DriverUnreachableError
 from elasticrun.worker.elastic import (
     HostsUpdatedInterrupt,
     ObjectState,
@@ -22,10 +21,6 @@ from elasticrun.worker.elastic import (
 )
 
 R = TypeVar("R")
-
-_PEER_FAILURE_MARKERS = ("gloo", "connection reset", "connection closed", "broken pipe",
-                         "timed out", "timeout")
-
 
 class TorchBackend:
     """Collectives over the current round's Gloo group; rounds through the driver."""
@@ -55,14 +50,7 @@ class TorchBackend:
         runtime.reset()
 
     def as_failure(self, exc: BaseException) -> WorkersFailedError | None:
-        if isinstance(exc, DriverUnreachableError):
-            return None  # the driver is gone: nothing to recover with
-        message = str(exc).lower()
-        if isinstance(exc, dist.DistError) or (
-            isinstance(exc, RuntimeError) and any(m in message for m in _PEER_FAILURE_MARKERS)
-        ):
-            return WorkersFailedError(str(exc))
-        return None
+        return WorkersFailedError(str(exc)) if runtime.is_peer_failure(exc) else None
 
 
 _backend = TorchBackend()

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from elasticrun import protocol
 from elasticrun.netif import interface_towards
 from elasticrun.protocol import SlotInfo
-from elasticrun.worker.client import DriverClient
+from elasticrun.worker.client import DriverClient, DriverUnreachableError
 from elasticrun.worker.notices import NoticeWatcher
 from elasticrun.worker.sockets import new_tcp_sockets, open_socket_fds, sever
 from elasticrun.worker.store import DriverStore
@@ -129,7 +129,22 @@ def hosts_changed() -> bool:
     return runtime.notices is not None and runtime.notices.latest > runtime.notice_seq
 
 
+_PEER_FAILURE_MARKERS = ("gloo", "connection reset", "connection closed", "broken pipe",
+                         "timed out", "timeout")
+
+
+def is_peer_failure(exc: BaseException) -> bool:
+    """Whether `exc` says a peer (or its round) failed, rather than this worker's own code."""
+    if isinstance(exc, DriverUnreachableError):
+        return False  # the driver is gone: nothing to recover with
+    message = str(exc).lower()
+    return isinstance(exc, dist.DistError) or (
+        isinstance(exc, RuntimeError) and any(m in message for m in _PEER_FAILURE_MARKERS))
+
+
 def _join(runtime: Runtime, last_round: int) -> None:
+    """Joins the next round and builds its group. If a peer fails while the group is being
+    built (it died, hung, or the round broke), asks for the round after it instead."""
     assert runtime.client is not None
     give_up = time.monotonic() + runtime.round_timeout
     while True:
@@ -138,13 +153,26 @@ def _join(runtime: Runtime, last_round: int) -> None:
             {"worker_id": runtime.worker_id, "last_round": last_round},
             wait=protocol.MAX_POLL_S,
         ))
-        if reply.action == "run" and reply.slot is not None:
-            break
         if reply.action == "exit":
             print(f"elasticrun: this worker leaves the job ({reply.reason})", file=sys.stderr)
             raise SystemExit(0)
+        if reply.action == "run" and reply.slot is not None:
+            try:
+                _build_group(runtime, reply)
+                return
+            except Exception as exc:
+                if not is_peer_failure(exc) or time.monotonic() > give_up:
+                    raise
+                log.warning("building round %d's group failed (%s); asking for a new round",
+                            reply.round, str(exc).splitlines()[0][:200] if str(exc) else exc)
+                _leave_round(runtime)
+                last_round = reply.round
         if time.monotonic() > give_up:
             raise TimeoutError(f"no round formed within {runtime.round_timeout:g}s")
+
+
+def _build_group(runtime: Runtime, reply: protocol.JoinReply) -> None:
+    assert reply.slot is not None and runtime.client is not None
     runtime.round = reply.round
     runtime.slot = reply.slot
     runtime.notice_seq = reply.notice_seq
@@ -153,9 +181,11 @@ def _join(runtime: Runtime, last_round: int) -> None:
     runtime.store = store
     prefixed = dist.PrefixStore(protocol.round_prefix(reply.round), store)
     before = open_socket_fds()
-    _init_process_group(runtime, prefixed)
-    with runtime.lock:
-        runtime.round_sockets = new_tcp_sockets(before, runtime.driver_peer)
+    try:
+        _init_process_group(runtime, prefixed)
+    finally:  # on failure too: the half-built group's connections must be cut
+        with runtime.lock:
+            runtime.round_sockets = new_tcp_sockets(before, runtime.driver_peer)
 
 
 def _leave_round(runtime: Runtime) -> None:

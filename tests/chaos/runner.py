@@ -16,10 +16,12 @@ import json
 import os
 import random
 import signal
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from tests.integration.harness import PYTHON, SCRIPTS, read_records, start_job
 
@@ -103,6 +105,14 @@ class Chaos:
             "--discovery-timeout", "2", "--collective-timeout", str(COLLECTIVE_TIMEOUT_S),
             "--start-timeout", "60", "--blacklist-cooldown-range", "2", "4",
             PYTHON, str(SCRIPTS / "elastic_train.py")], env)
+        # Drain the job's output as it comes: a full pipe would block the driver.
+        self._out: list[str] = []
+        self._err: list[str] = []
+        self._drains = [threading.Thread(target=_drain, args=(stream, sink), daemon=True)
+                        for stream, sink in ((self.proc.stdout, self._out),
+                                             (self.proc.stderr, self._err))]
+        for thread in self._drains:
+            thread.start()
 
     def run(self, faults: int) -> ChaosReport:
         self.start()
@@ -118,17 +128,22 @@ class Chaos:
             self._write_hosts()
             (self.dir / "discovery_mode").write_text("ok")
             self.stop_file.touch()
-            out, err = self.proc.communicate(timeout=RECOVERY_TIMEOUT_S)
+            self.proc.wait(timeout=RECOVERY_TIMEOUT_S)
         except BaseException:
             self.proc.kill()
-            out, err = self.proc.communicate()
-            self.report.stdout, self.report.stderr = out, err
+            self.proc.wait()
+            self._collect_output()
             raise
         self.report.returncode = self.proc.returncode
-        self.report.stdout, self.report.stderr = out, err
+        self._collect_output()
         self.report.duration_s = time.monotonic() - self.started
         self.report.records = list(read_records(self.logs))
         return self.report
+
+    def _collect_output(self) -> None:
+        for thread in self._drains:
+            thread.join(10)
+        self.report.stdout, self.report.stderr = "".join(self._out), "".join(self._err)
 
     # --- faults ---------------------------------------------------------------------------
     def _inject(self) -> tuple[str, str]:
@@ -227,6 +242,12 @@ class Chaos:
                 raise AssertionError(f"no progress for {RECOVERY_TIMEOUT_S:g}s after "
                                      f"{self.report.injected[-1:]}")
             time.sleep(0.05)
+
+
+def _drain(stream: IO[str] | None, sink: list[str]) -> None:
+    if stream is not None:
+        for line in stream:
+            sink.append(line)
 
 
 def _state(pid: int) -> str:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from tests.chaos.runner import MIN_NP, Chaos, final_epoch
 from tests.integration.harness import assert_no_orphans
 from tests.integration.progress import check_job
@@ -20,6 +22,7 @@ SEED = int(os.environ.get("CHAOS_SEED", "1"))
 RSS_GROWTH_LIMIT_MIB = 16.0
 
 
+@pytest.mark.timeout(max(300, 30 * FAULTS))
 def test_chaos_soak(tmp_path: Path, sshd: SSHServer) -> None:
     home = tmp_path / "home"
     (home / ".ssh").mkdir(parents=True)
@@ -28,7 +31,10 @@ def test_chaos_soak(tmp_path: Path, sshd: SSHServer) -> None:
         f"  IdentityFile {sshd.client_key}\n")
     (home / ".ssh" / "known_hosts").write_text(sshd.known_hosts_line())
     chaos = Chaos(tmp_path / "job", SEED, ssh_hosts=["sshchaos"], extra_env={"HOME": str(home)})
-    report = chaos.run(FAULTS)
+    try:
+        report = chaos.run(FAULTS)
+    finally:  # what the driver said, for whoever has to find out what went wrong
+        print("\n" + "".join(chaos.report.stderr.splitlines(keepends=True)[-150:]))
     print("\n" + report.summary())
     assert report.returncode == 0, report.stderr[-4000:]
     assert_no_orphans(chaos.tag)

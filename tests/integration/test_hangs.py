@@ -51,3 +51,38 @@ def test_stopped_worker_is_released_by_the_collective_timeout(tmp_path: Path) ->
     # Collective timeout (3 s) + the grace for an unexplained reset + the rejoin bound
     # (3 + 5 s), with room for a loaded machine; the start timeout would be 30 s.
     assert resumed - stopped_at < 20
+
+
+def test_new_workers_survive_a_peer_lost_while_their_group_is_built(tmp_path: Path) -> None:
+    """Rank 0 dies after joining round 1 but before building its group; the others are
+    inside er.init(), waiting for its keys. They ask for a new round instead of failing.
+    (Found by the chaos soak: a worker stopped between joining and building.)"""
+    env = {"TRAIN_SAMPLES": "32", "TRAIN_EPOCHS": "2", "TRAIN_BATCH": "4",
+           "LOG_DIR": str(tmp_path), "CRASH_HOST": "localhost"}
+    proc, tag = start_job(["-H", "localhost:1,127.0.0.1:2", "--min-np", "2",
+                           PYTHON, str(SCRIPTS / "crash_after_join.py")], env)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    assert_no_orphans(tag)
+    assert "building round 1's group failed" in err
+    views = check_job(list(read_records(tmp_path)), samples=32, epochs=2)
+    assert [v.size for v in views] == [2]
+    assert set(views[0].hosts_by_rank.values()) == {"127.0.0.1"}
+
+
+def test_rank_0_stays_with_the_committed_state_when_a_failed_host_returns(
+        tmp_path: Path) -> None:
+    """The first host fails; the job waits (below --min-np) until its cooldown ends and
+    it returns with a fresh worker. The survivor, not the fresh worker, becomes rank 0, so
+    training resumes from the commit. (Found by the chaos soak: state was lost.)"""
+    env = {"TRAIN_SAMPLES": "32", "TRAIN_EPOCHS": "3", "TRAIN_BATCH": "4",
+           "LOG_DIR": str(tmp_path), "FAULTS": "5:0:exit"}
+    proc, tag = start_job(["-H", "localhost:1,127.0.0.1:1", "--min-np", "2",
+                           "--blacklist-cooldown-range", "1", "1.5",
+                           PYTHON, str(SCRIPTS / "elastic_train.py")], env)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    assert_no_orphans(tag)
+    views = check_job(list(read_records(tmp_path)), samples=32, epochs=3)
+    assert [v.size for v in views] == [2, 2]
+    assert views[1].hosts_by_rank[0] == "127.0.0.1" and views[1].resume_step == 4

@@ -938,3 +938,51 @@ async def test_a_rounds_keys_are_its_members_only(server: Server) -> None:
                                              "value": b64(b"evil")})).status == 403
     await server.kv("set", worker="wa", key=future, value=b64(b"2"))
     assert server.rv.store.get(future) == b"2"
+
+
+async def test_crowds_of_idle_slow_and_waiting_clients_do_not_starve_workers(
+        server: Server) -> None:
+    """1,000 idle connections, 500 clients stuck half-way through their headers and 1,000
+    signed long-poll waiters: a real round still forms, and its members' calls stay fast."""
+    idle, slow = [], []
+    for _ in range(1000):
+        idle.append(await asyncio.open_connection("127.0.0.1", server.port))
+    for _ in range(500):
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(b"POST /v1/kv/set HTTP/1.1\r\nHost: x\r\nContent-Len")  # and stalls
+        slow.append((reader, writer))
+    waiters = [asyncio.create_task(server.signed(
+        protocol.PATH_NOTICES, {"after": 0, "timeout": 30}, timeout=60)) for _ in range(1000)]
+    await asyncio.sleep(1.0)
+    clients: list[DriverClient] = []
+    try:
+        slots = {SlotId("a", 0): "w0", SlotId("a", 1): "w1"}
+        for slot, worker in slots.items():
+            server.rv.register_worker(worker, slot)
+        server.rv.open_round(1, assign([("a", 2)]), slots)
+        clients = [DriverClient("127.0.0.1", server.port, SECRET, unreachable_timeout=5)
+                   for _ in slots.values()]
+
+        def member(index: int) -> float:
+            started = time.monotonic()
+            client, worker = clients[index], f"w{index}"
+            reply = client.call(protocol.PATH_JOIN, {"worker_id": worker, "last_round": 0},
+                                wait=protocol.MAX_POLL_S)
+            assert reply["action"] == "run", reply
+            key = protocol.round_prefix(1) + f"rank{index}"
+            client.call(KV + "set", {"worker": worker, "key": key, "value": b64(b"x")})
+            other = protocol.round_prefix(1) + f"rank{1 - index}"
+            client.call(KV + "get", {"worker": worker, "key": other, "timeout": 10}, wait=10)
+            return time.monotonic() - started
+
+        took = await asyncio.gather(*(asyncio.to_thread(member, i) for i in range(2)))
+        assert max(took) < 2.0, took
+        assert not any(w.done() for w in waiters)  # still waiting, not dropped
+        server.rv.post_notice()
+        replies = await asyncio.wait_for(asyncio.gather(*waiters), 30)
+        assert {r.status for r in replies} == {200}
+    finally:
+        for client in clients:
+            client.close()
+        for _, writer in idle + slow:
+            writer.close()

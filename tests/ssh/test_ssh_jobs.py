@@ -7,6 +7,7 @@ the driver reaches them over SSH exactly as it would reach another machine.
 from __future__ import annotations
 
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -118,14 +119,20 @@ def test_working_dir_and_remote_python_are_used_remotely(tmp_path: Path,
     assert f"[0]<stdout>:cwd={workdir}" in result.stdout
 
 
-def test_ctrl_c_leaves_no_remote_process(ssh_home: Path) -> None:
+def training_over_ssh(home: Path) -> tuple[subprocess.Popen[str], str]:
+    """A job of two SSH workers that train forever, once they have taken a step."""
     proc, tag = start_job(["-H", "sshhost1:2", "--start-timeout", "60",
-                           PYTHON, str(SCRIPTS / "sleepy_train.py")], {"HOME": str(ssh_home)})
+                           PYTHON, str(SCRIPTS / "sleepy_train.py")], {"HOME": str(home)})
     assert proc.stdout is not None
     deadline = time.monotonic() + 90
     for line in proc.stdout:
         if "step" in line or time.monotonic() > deadline:
             break
+    return proc, tag
+
+
+def test_ctrl_c_leaves_no_remote_process(ssh_home: Path) -> None:
+    proc, tag = training_over_ssh(ssh_home)
     proc.send_signal(signal.SIGINT)
     proc.communicate(timeout=30)
     assert proc.returncode == 130
@@ -134,13 +141,7 @@ def test_ctrl_c_leaves_no_remote_process(ssh_home: Path) -> None:
 
 def test_killed_driver_leaves_no_remote_process(ssh_home: Path) -> None:
     """SIGKILL gives the driver no chance to stop anyone: the SSH connection's end does."""
-    proc, tag = start_job(["-H", "sshhost1:2", "--start-timeout", "60",
-                           PYTHON, str(SCRIPTS / "sleepy_train.py")], {"HOME": str(ssh_home)})
-    assert proc.stdout is not None
-    deadline = time.monotonic() + 90
-    for line in proc.stdout:
-        if "step" in line or time.monotonic() > deadline:
-            break
+    proc, tag = training_over_ssh(ssh_home)
     proc.kill()
     proc.communicate(timeout=30)
     assert_no_orphans(tag, within=15)

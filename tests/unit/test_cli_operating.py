@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from elasticrun.cli import ENV_EVENT_SECRET, ENV_WEBHOOK_TOKEN, build_config, main
+from elasticrun.cli import ENV_EVENT_SECRET, ENV_WEBHOOK_TOKEN, main
 from elasticrun.config import DriverConfig
 from elasticrun.errors import ConfigError
+from tests.unit.test_config_cli import config as base_config
 
 CMD = ("python", "train.py")
 TOKEN = "0123456789abcdef-token"
@@ -31,16 +32,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def config(**overrides: Any) -> DriverConfig:
-    options: dict[str, Any] = {
-        "command": CMD, "np": 2, "min_np": None, "max_np": None, "hosts": None,
-        "hostfile": None, "discovery_script": None, "discovery_interval": 1.0,
-        "discovery_timeout": 10.0, "slots_per_host": None, "start_timeout": 30.0,
-        "elastic_timeout": 600.0, "reset_limit": None, "blacklist_cooldown_range": None,
-        "collective_timeout": 60.0, "network_interface": None, "output_filename": None,
-        "prefix_output_with_timestamp": False,
-    }
-    options.update(overrides)
-    return build_config(**options)
+    return base_config(**{"np": 2, **overrides})
 
 
 def config_error(**overrides: Any) -> str:
