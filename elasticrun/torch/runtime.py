@@ -227,13 +227,33 @@ def _resolve(host: str, port: int) -> tuple[str, int]:
 
 
 def _init_process_group(runtime: Runtime, store: dist.Store | None = None) -> None:
-    dist.init_process_group(
-        backend="gloo",
-        store=store if store is not None else runtime.store,
-        rank=runtime.slot.rank,
-        world_size=runtime.slot.size,
-        timeout=datetime.timedelta(seconds=runtime.collective_timeout),
-    )
+    names_before = _group_count()
+    try:
+        dist.init_process_group(
+            backend="gloo",
+            store=store if store is not None else runtime.store,
+            rank=runtime.slot.rank,
+            world_size=runtime.slot.size,
+            timeout=datetime.timedelta(seconds=runtime.collective_timeout),
+        )
+    except BaseException:
+        # torch names a default group's store keys from a process-wide counter, so every
+        # member must have built (and destroyed) as many groups as the others. Destroying a
+        # group resets the counter; a failed attempt has nothing to destroy, so undo its step
+        # (or this worker could never meet its peers again: they would wait on other keys).
+        _set_group_count(names_before)
+        raise
+
+
+def _group_count() -> int | None:
+    world = getattr(dist.distributed_c10d, "_world", None)
+    return getattr(world, "group_count", None)
+
+
+def _set_group_count(value: int | None) -> None:
+    world = getattr(dist.distributed_c10d, "_world", None)
+    if value is not None and world is not None and hasattr(world, "group_count"):
+        world.group_count = value
 
 
 def _destroy_process_group() -> None:

@@ -98,9 +98,11 @@ def test_secret_is_in_no_log_line_event_status_or_command_line(tmp_path: Path) -
     script = write_script(tmp_path / "hosts.sh", "echo localhost:2\necho 127.0.0.1:2\n")
     port = free_port()
     events = tmp_path / "events.jsonl"
+    train_env = {"TRAIN_SAMPLES": "64", "TRAIN_EPOCHS": "1000", "TRAIN_STEP_SLEEP": "0.05",
+                 "LOG_DIR": str(tmp_path)}
     proc, tag = start_job(["-np", "4", "--min-np", "2", "-v", "--host-discovery-script",
                            str(script), "--port", str(port), "--event-log", str(events),
-                           *SLEEPY])
+                           PYTHON, str(SCRIPTS / "elastic_train.py")], train_env)
     secret = None
     cmdlines = []
     deadline = time.monotonic() + 60
@@ -119,8 +121,8 @@ def test_secret_is_in_no_log_line_event_status_or_command_line(tmp_path: Path) -
     assert len(secret) >= 32
     wait_until(lambda: _status(port).get("round_complete") is True)
     # One worker fails: the driver logs, blacklists and opens round 2.
-    victims = [pid for pid in tagged_pids(tag) if pid != proc.pid
-               and b"127.0.0.1" in Path(f"/proc/{pid}/environ").read_bytes()]
+    victims = [pid for pid in tagged_pids(tag) if b"ELASTICRUN_HOSTNAME=127.0.0.1" in
+               Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")]
     assert victims
     os.kill(victims[0], signal.SIGKILL)
     wait_until(lambda: _status(port).get("round") == 2 and _status(port)["round_complete"])
