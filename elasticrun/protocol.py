@@ -37,6 +37,7 @@ ENV_EVENT_SECRET = "ELASTICRUN_EVENT_SECRET"
 # URL paths of the driver's server.
 PATH_JOIN = "/v1/rendezvous/join"
 PATH_NOTICES = "/v1/rendezvous/notices"
+PATH_SYNCED = "/v1/rendezvous/synced"  # a worker holds the committed state of its round
 PATH_KV_PREFIX = "/v1/kv/"
 KV_OPS = ("set", "get", "add", "compare_set", "check", "delete", "num_keys", "wait", "multi_get")
 

@@ -30,5 +30,8 @@ class RecordingListener:
     def round_completed(self, round_number: int) -> None:
         self.calls.append(("round_completed", (round_number,)))
 
+    def worker_synced(self, worker_id: str, round_number: int) -> None:
+        self.calls.append(("worker_synced", (worker_id, round_number)))
+
     def named(self, name: str) -> list[tuple[Any, ...]]:
         return [args for called, args in self.calls if called == name]

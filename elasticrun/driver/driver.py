@@ -92,6 +92,7 @@ class Driver:
         self._forming_round = False
         self._reset_requests: set[str] = set()
         self._failures = FailureLog(self._telemetry)
+        self._state_committed = False  # some worker holds training state worth keeping
         self._finishing = False
         self._stopping = False
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -234,9 +235,9 @@ class Driver:
         usable = self._registry.usable(time.monotonic())
         ordered = order_hosts(hosts_in_rank_order(self._assignment), usable)
         return assign_keeping_state([(host, usable[host]) for host in ordered],
-                                    self._config.max_np, self._state_holders())
+                                    self._config.max_np, self._survivors())
 
-    def _state_holders(self) -> list[SlotId]:
+    def _survivors(self) -> list[SlotId]:
         """Slots of the current round whose workers are alive, in rank order."""
         current = self._rendezvous.current_round
         if current is None or self._pool is None:
@@ -246,6 +247,11 @@ class Driver:
                 if (holder := self._pool.holder(slot)) is not None
                 and holder.id == current.members[slot]
                 and not self._registry.is_blacklisted(slot.host, now)]
+
+    def _holds_state(self, slot: SlotId) -> bool:
+        """Whether the slot's worker reported that it holds the committed state."""
+        worker = self._pool.holder(slot) if self._pool else None
+        return worker is not None and worker.synced_round > 0
 
     async def _prepare_host_change(self) -> None:
         """When the hosts would give a different round, gets it ready while training goes on."""
@@ -284,6 +290,12 @@ class Driver:
         if assignment is None:
             return
         number = self._round_number + 1
+        if self._state_committed and not any(map(self._holds_state, self._survivors())):
+            self._fail("no worker holding the committed training state is left (every one "
+                       "was lost); a new round would silently start training from scratch, "
+                       "so the job stops. Restart it (from your last disk checkpoint, if you "
+                       f"keep one){self._failures.suffix()}")
+            return
         limit = self._config.reset_limit
         if number > 1 and limit is not None and number - 1 > limit:
             self._fail(f"reset limit {limit} reached: another reset was needed"
@@ -501,6 +513,12 @@ class Driver:
             worker.state = WorkerState.RELEASED
             log.info("worker %s has no place in round %d; it exits", worker.slot,
                      self._round_number)
+
+    def worker_synced(self, worker_id: str, round_number: int) -> None:
+        worker = self._pool.get(worker_id) if self._pool else None
+        if worker is not None and worker.alive:
+            worker.synced_round = max(worker.synced_round, round_number)
+            self._state_committed = True
 
     def round_completed(self, round_number: int) -> None:
         self._telemetry.round_completed(round_number)

@@ -46,6 +46,8 @@ class RendezvousListener(Protocol):
 
     def round_completed(self, round_number: int) -> None: ...
 
+    def worker_synced(self, worker_id: str, round_number: int) -> None: ...
+
 
 @dataclass
 class Round:
@@ -155,6 +157,7 @@ class Rendezvous:
         )
         app.router.add_post(protocol.PATH_JOIN, self._handle_join)
         app.router.add_post(protocol.PATH_NOTICES, self._handle_notices)
+        app.router.add_post(protocol.PATH_SYNCED, self._handle_synced)
         app.router.add_post(protocol.PATH_KV_PREFIX + "{op}", self._handle_kv)
         added = app.router.add_routes(list(extra_routes))
         self._operator_resources = {route.resource for route in added}  # with their HEADs
@@ -280,6 +283,15 @@ class Rendezvous:
                 self._listener.reset_requested(worker_id, last_round)
             if not await self._wait_change(deadline):
                 return protocol.JoinReply("retry")
+
+    async def _handle_synced(self, request: web.Request) -> web.Response:
+        payload = request[PAYLOAD]
+        worker_id = _field(payload, "worker_id", str)
+        round_number = _field(payload, "round", int)
+        if worker_id not in self._workers:
+            return _error(403, "unknown worker")
+        self._listener.worker_synced(worker_id, round_number)
+        return web.json_response({})
 
     async def _handle_notices(self, request: web.Request) -> web.Response:
         """Long-polls until a notice newer than `after` exists or round `round` broke."""

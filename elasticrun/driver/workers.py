@@ -44,6 +44,7 @@ class Worker:
     state: WorkerState = WorkerState.RUNNING
     exit_code: int | None = None
     joined_round: int = 0  # the last round it joined; 0: none yet (it is starting up)
+    synced_round: int = 0  # the last round whose committed state it holds; 0: none
     stderr_tail: deque[str] = field(default_factory=new_tail)
     watcher: asyncio.Task[None] | None = None
 

@@ -49,6 +49,9 @@ class TorchBackend:
     def reset(self) -> None:
         runtime.reset()
 
+    def synced(self) -> None:
+        runtime.report_synced()
+
     def as_failure(self, exc: BaseException) -> WorkersFailedError | None:
         return WorkersFailedError(str(exc)) if runtime.is_peer_failure(exc) else None
 

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from elasticrun import protocol
 from elasticrun.netif import interface_towards
 from elasticrun.protocol import SlotInfo
-from elasticrun.worker.client import DriverClient, DriverUnreachableError
+from elasticrun.worker.client import DriverClient, DriverUnreachableError, RequestRefusedError
 from elasticrun.worker.notices import NoticeWatcher
 from elasticrun.worker.sockets import new_tcp_sockets, open_socket_fds, sever
 from elasticrun.worker.store import DriverStore
@@ -121,6 +121,18 @@ def current() -> Runtime:
 
 def is_initialized() -> bool:
     return _runtime is not None
+
+
+def report_synced() -> None:
+    """Tells the driver that this worker holds its round's committed state, so that rank 0
+    of a later round is always one that does."""
+    runtime = current()
+    if runtime.client is not None:
+        try:
+            runtime.client.call(protocol.PATH_SYNCED,
+                                {"worker_id": runtime.worker_id, "round": runtime.round})
+        except RequestRefusedError as exc:  # it is being stopped: nothing to hold for
+            log.debug("the driver did not take the sync report: %s", exc)
 
 
 def hosts_changed() -> bool:

@@ -52,6 +52,10 @@ class Backend(Protocol):
         """Leaves the current round and joins the next one."""
         ...
 
+    def synced(self) -> None:
+        """This worker now holds the round's committed state (tells the driver)."""
+        ...
+
     def as_failure(self, exc: BaseException) -> WorkersFailedError | None:
         """`exc` as a WorkersFailedError when it means a peer failed, else None."""
         ...
@@ -146,6 +150,7 @@ def run_with(backend: Backend, func: Callable[..., R]) -> Callable[..., R]:
                     state.on_reset()
                     needs_reset = False
                 state.sync()
+                backend.synced()
                 return func(state, *args, **kwargs)
             except HostsUpdatedInterrupt:
                 log.info("hosts changed; keeping the current state and moving to a new round")

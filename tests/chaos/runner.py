@@ -212,11 +212,16 @@ class Chaos:
         return f"{seconds:.1f}s"
 
     def _victim(self) -> int | None:
-        """A running worker of the latest round (from the training records)."""
+        """A running worker of the latest round (from the training records), unless all of
+        that round runs on one host: losing a worker loses its host, and losing every
+        worker that holds the state stops the job on purpose (tests/integration/
+        test_hangs.py checks that); the soak is about surviving."""
         rounds = [r for r in read_records(self.logs) if r["event"] == "round"]
         if not rounds:
             return None
         latest = max(r["round"] for r in rounds)
+        if len({r["host"] for r in rounds if r["round"] == latest}) < 2:
+            return None
         pids = sorted({r["pid"] for r in rounds if r["round"] == latest})
         alive = [pid for pid in pids if _state(pid) in ("R", "S", "D")]
         return self.rng.choice(alive) if alive else None

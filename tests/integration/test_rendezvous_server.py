@@ -986,3 +986,15 @@ async def test_crowds_of_idle_slow_and_waiting_clients_do_not_starve_workers(
             client.close()
         for _, writer in idle + slow:
             writer.close()
+
+
+async def test_sync_reports_reach_the_driver(server: Server) -> None:
+    server.rv.register_worker("w0", SlotId("a", 0))
+    reply = await server.signed(protocol.PATH_SYNCED, {"worker_id": "w0", "round": 3})
+    assert reply.status == 200
+    assert server.listener.named("worker_synced") == [("w0", 3)]
+    reply = await server.signed(protocol.PATH_SYNCED, {"worker_id": "nobody", "round": 3})
+    assert reply.status == 403
+    assert (await server.send("POST", protocol.PATH_SYNCED,
+                              b'{"worker_id": "w0", "round": 4}')).status == 401
+    assert server.listener.named("worker_synced") == [("w0", 3)]
