@@ -22,9 +22,6 @@ from elasticrun.discovery.base import HostDiscovery, HostSlots
 from elasticrun.driver.assignment import (
     Assignment,
     SlotId,
-    assign_keeping_state,
-    hosts_in_rank_order,
-    order_hosts,
 )
 from elasticrun.driver.capacity import shortfall, start_refusal
 from elasticrun.driver.control import Control
@@ -36,6 +33,7 @@ from elasticrun.driver.metrics import failure_cause
 from elasticrun.driver.operator import OperatorEndpoints
 from elasticrun.driver.output import OutputRouter
 from elasticrun.driver.placement import Placement
+from elasticrun.driver.planner import RoundPlanner
 from elasticrun.driver.pool import PoolSettings, WorkerPool
 from elasticrun.driver.rendezvous import Rendezvous
 from elasticrun.driver.standby import Standbys
@@ -92,7 +90,7 @@ class Driver:
         self._forming_round = False
         self._reset_requests: set[str] = set()
         self._failures = FailureLog(self._telemetry)
-        self._state_committed = False  # some worker holds training state worth keeping
+        self._planner = RoundPlanner(self._registry, self._rendezvous, config.max_np)
         self._finishing = False
         self._stopping = False
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -163,6 +161,7 @@ class Driver:
         )
         self._pool = WorkerPool(settings, self._spawner_for, self._dial_address,
                                 self._output, self._on_worker_exit)
+        self._planner.pool = self._pool
         self._standbys = Standbys(self._pool, self._rendezvous, self._placement,
                                   self._config.min_np, self._spawn)
         log.debug("driver server on %s port %d", ", ".join(addresses), port)
@@ -231,34 +230,12 @@ class Driver:
         self._hosts_changed.set()
         await self._prepare_host_change()
 
-    def _desired_assignment(self) -> Assignment:
-        usable = self._registry.usable(time.monotonic())
-        ordered = order_hosts(hosts_in_rank_order(self._assignment), usable)
-        return assign_keeping_state([(host, usable[host]) for host in ordered],
-                                    self._config.max_np, self._survivors())
-
-    def _survivors(self) -> list[SlotId]:
-        """Slots of the current round whose workers are alive, in rank order."""
-        current = self._rendezvous.current_round
-        if current is None or self._pool is None:
-            return []
-        now = time.monotonic()
-        return [slot for slot, _ in sorted(current.assignment.items(), key=lambda i: i[1].rank)
-                if (holder := self._pool.holder(slot)) is not None
-                and holder.id == current.members[slot]
-                and not self._registry.is_blacklisted(slot.host, now)]
-
-    def _holds_state(self, slot: SlotId) -> bool:
-        """Whether the slot's worker reported that it holds the committed state."""
-        worker = self._pool.holder(slot) if self._pool else None
-        return worker is not None and worker.synced_round > 0
-
     async def _prepare_host_change(self) -> None:
         """When the hosts would give a different round, gets it ready while training goes on."""
         if self._finishing or self._round_number == 0 or self._reround.is_set() \
                 or self._forming_round or self._standbys is None:
             return
-        await self._standbys.prepare(self._assignment, self._desired_assignment())
+        await self._standbys.prepare(self._assignment, self._planner.desired(self._assignment))
 
     # --- rounds -----------------------------------------------------------------------------
     def _request_reround(self, delay: float) -> None:
@@ -290,7 +267,7 @@ class Driver:
         if assignment is None:
             return
         number = self._round_number + 1
-        if self._state_committed and not any(map(self._holds_state, self._survivors())):
+        if self._planner.state_lost():
             self._fail("no worker holding the committed training state is left (every one "
                        "was lost); a new round would silently start training from scratch, "
                        "so the job stops. Restart it (from your last disk checkpoint, if you "
@@ -332,7 +309,7 @@ class Driver:
         loop = asyncio.get_running_loop()
         deadline: float | None = None
         while True:
-            assignment = self._desired_assignment()
+            assignment = self._planner.desired(self._assignment)
             if len(assignment) >= config.min_np:
                 return assignment
             now = time.monotonic()
@@ -515,10 +492,7 @@ class Driver:
                      self._round_number)
 
     def worker_synced(self, worker_id: str, round_number: int) -> None:
-        worker = self._pool.get(worker_id) if self._pool else None
-        if worker is not None and worker.alive:
-            worker.synced_round = max(worker.synced_round, round_number)
-            self._state_committed = True
+        self._planner.worker_synced(worker_id, round_number)
 
     def round_completed(self, round_number: int) -> None:
         self._telemetry.round_completed(round_number)
