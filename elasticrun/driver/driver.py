@@ -162,8 +162,6 @@ class Driver:
         self._pool = WorkerPool(settings, self._spawner_for, self._dial_address,
                                 self._output, self._on_worker_exit)
         self._planner.pool = self._pool
-        self._rendezvous.hold_leaving_s = self._config.start_timeout + \
-            self._config.collective_timeout
         self._standbys = Standbys(self._pool, self._rendezvous, self._placement,
                                   self._config.min_np, self._spawn)
         log.debug("driver server on %s port %d", ", ".join(addresses), port)
@@ -494,8 +492,7 @@ class Driver:
                      self._round_number)
 
     def worker_synced(self, worker_id: str, round_number: int) -> None:
-        if self._planner.worker_synced(worker_id, round_number):
-            self._watcher.wake(poll=False)  # a handover may complete now
+        self._planner.worker_synced(worker_id, round_number)
 
     def round_completed(self, round_number: int) -> None:
         self._telemetry.round_completed(round_number)
