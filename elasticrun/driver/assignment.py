@@ -70,7 +70,8 @@ def hosts_in_rank_order(assignment: Assignment) -> list[str]:
 
 
 def assign_keeping_state(hosts: Sequence[tuple[str, int]], max_size: int | None,
-                         holders: Sequence[SlotId]) -> Assignment:
+                         holders: Sequence[SlotId],
+                         keepers: Sequence[SlotId] | None = None) -> Assignment:
     """Like assign(), but rank 0 always goes to a worker that holds the committed state.
 
     `holders` are the slots, in rank order, of the live workers that hold it (the current
@@ -79,13 +80,16 @@ def assign_keeping_state(hosts: Sequence[tuple[str, int]], max_size: int | None,
     take rank 0 and broadcast a fresh model over the committed one. When no holder's host
     is wanted any more (every host replaced at once), the first holder stays for one more
     round as rank 0 and hands the state over; the round after that lets it go.
+    `keepers` (default: `holders`) narrows who can do that: the workers known to hold the
+    committed state, which may include one leaving the job.
     """
     holder_hosts = list(dict.fromkeys(slot.host for slot in holders))
     ordered = sorted(hosts, key=lambda entry: (holder_hosts.index(entry[0])
                                                if entry[0] in holder_hosts else len(holder_hosts)))
     assignment = assign(ordered, max_size)
-    if not holders or any(slot in assignment for slot in holders):
+    keepers = holders if keepers is None else keepers
+    if not keepers or any(slot in assignment for slot in keepers):
         return assignment
-    keeper = holders[0]
+    keeper = keepers[0]
     rest = [(host, slots) for host, slots in ordered if host != keeper.host]
     return assign([(keeper.host, keeper.index + 1), *rest], max_size)

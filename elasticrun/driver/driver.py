@@ -162,6 +162,8 @@ class Driver:
         self._pool = WorkerPool(settings, self._spawner_for, self._dial_address,
                                 self._output, self._on_worker_exit)
         self._planner.pool = self._pool
+        self._rendezvous.hold_leaving_s = self._config.start_timeout + \
+            self._config.collective_timeout
         self._standbys = Standbys(self._pool, self._rendezvous, self._placement,
                                   self._config.min_np, self._spawn)
         log.debug("driver server on %s port %d", ", ".join(addresses), port)
@@ -492,7 +494,8 @@ class Driver:
                      self._round_number)
 
     def worker_synced(self, worker_id: str, round_number: int) -> None:
-        self._planner.worker_synced(worker_id, round_number)
+        if self._planner.worker_synced(worker_id, round_number):
+            self._watcher.wake(poll=False)  # a handover may complete now
 
     def round_completed(self, round_number: int) -> None:
         self._telemetry.round_completed(round_number)

@@ -57,6 +57,8 @@ class Round:
     notice_seq: int
     joined: set[str] = field(default_factory=set)
     complete: bool = False
+    settled: bool = False  # every member holds the committed state (reported its sync)
+    opened_at: float = field(default_factory=time.monotonic)
 
     def missing(self) -> list[SlotId]:
         return [slot for slot, worker in self.members.items() if worker not in self.joined]
@@ -84,6 +86,8 @@ class Rendezvous:
         self._closing = False
         self.port = 0
         self.listening: list[str] = []
+        # How long a worker without a place waits for the round that replaces it to settle.
+        self.hold_leaving_s = 60.0
 
     # --- driver-facing -------------------------------------------------------------
     @property
@@ -115,6 +119,13 @@ class Rendezvous:
             self.store.delete_prefix(protocol.round_prefix(previous.number - 1))
         self._wake()
         return self._round
+
+    def mark_settled(self, round_number: int) -> None:
+        """Every member of `round_number` holds the committed state: workers that have no
+        place in it may go now (until then they are kept, as a last copy of the state)."""
+        if self._round is not None and self._round.number == round_number:
+            self._round.settled = True
+            self._wake()
 
     def mark_broken(self, round_number: int) -> None:
         """Tells the members of `round_number` that it broke: they stop waiting on it."""
@@ -257,12 +268,13 @@ class Rendezvous:
                 return protocol.JoinReply("exit", reason="this worker was stopped")
             if current is not None and current.number > last_round:
                 if current.members.get(slot) != worker_id:
-                    if worker_id not in self._standby:
+                    held = time.monotonic() - current.opened_at < self.hold_leaving_s
+                    if worker_id not in self._standby and (current.settled or not held):
                         self._listener.worker_released(worker_id)
                         return protocol.JoinReply(
                             "exit", round=current.number, reason="no place in the new round")
-                    if worker_id not in self._standby_seen:  # waits for the next round
-                        self._standby_seen.add(worker_id)
+                    if worker_id in self._standby and worker_id not in self._standby_seen:
+                        self._standby_seen.add(worker_id)  # waits for the next round
                         self._listener.standby_ready(worker_id)
                 else:
                     if worker_id not in current.joined:

@@ -105,3 +105,33 @@ def test_losing_every_worker_that_holds_the_state_stops_the_job(tmp_path: Path) 
     assert "first failure: rank 1 on host localhost was killed by SIGKILL" in err
     rounds = {r["round"] for r in read_records(tmp_path) if r["event"] == "round"}
     assert rounds == {1}  # no round ever started from scratch
+
+
+def test_a_leaving_worker_keeps_the_state_until_the_new_round_holds_it(tmp_path: Path) -> None:
+    """localhost is removed and 127.0.0.2 added; in the new round the only other holder
+    (127.0.0.1) crashes before the newcomer has the state. The leaving localhost worker was
+    kept until the new round settled, so it hands the state over instead of the job
+    stopping (or starting from scratch). (Found by the chaos soak, seed 11.)"""
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("localhost:1\n127.0.0.1:1\n")
+    script = tmp_path / "hosts.sh"
+    script.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    script.chmod(0o755)
+    progress = tmp_path / "progress"
+    env = {"TRAIN_SAMPLES": "64", "TRAIN_EPOCHS": "3", "TRAIN_BATCH": "4",
+           "TRAIN_STEP_SLEEP": "0.05", "LOG_DIR": str(tmp_path), "PROGRESS_FILE": str(progress),
+           "CRASH_HOST": "127.0.0.1", "CRASH_AT_BUILD": "2"}
+    proc, tag = start_job(["-np", "2", "--min-np", "1", "--host-discovery-script", str(script),
+                           "--discovery-interval", "0.2",
+                           PYTHON, str(SCRIPTS / "crash_after_join.py")], env)
+    deadline = time.monotonic() + 90
+    while not (progress.exists() and json.loads(progress.read_text() or "[0]")[0] >= 3):
+        assert proc.poll() is None and time.monotonic() < deadline, "no progress"
+        time.sleep(0.05)
+    hosts.write_text("127.0.0.1:1\n127.0.0.2:1\n")
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    assert_no_orphans(tag)
+    views = check_job(list(read_records(tmp_path)), samples=64, epochs=3)
+    handover = next(v for v in views if "127.0.0.2" in v.hosts_by_rank.values())
+    assert handover.hosts_by_rank[0] == "localhost" and handover.resume_step >= 3

@@ -315,3 +315,11 @@ def test_survivors_keep_their_order() -> None:
     assignment = assign_keeping_state(hosts, None, holders)
     assert [s.host for s, _ in sorted(assignment.items(), key=lambda i: i[1].rank)] == \
         ["b", "b", "c", "c", "a", "a"]
+
+
+def test_a_leaving_keeper_hands_over_when_no_survivor_holds_the_state() -> None:
+    """b survives but has no state yet; a is leaving but holds it: a stays as rank 0."""
+    assignment = assign_keeping_state([("b", 1)], None, [SlotId("b", 0)],
+                                      keepers=[SlotId("a", 0)])
+    assert {slot: info.rank for slot, info in assignment.items()} == {
+        SlotId("a", 0): 0, SlotId("b", 0): 1}

@@ -1,6 +1,6 @@
-"""elastic_train.py, except that the worker on CRASH_HOST crashes right after it joins its
-first round, before it has built the round's group: its peers are then in the middle of
-building theirs (inside er.init())."""
+"""elastic_train.py, except that the worker on CRASH_HOST crashes right after it joins a
+round (the CRASH_AT_BUILD-th it joins, default the first), before it has built the round's
+group: its peers are then in the middle of building theirs."""
 
 from __future__ import annotations
 
@@ -14,8 +14,14 @@ import elastic_train  # noqa: E402
 from elasticrun.torch import runtime  # noqa: E402
 
 if os.environ.get("ELASTICRUN_HOSTNAME") == os.environ["CRASH_HOST"]:
+    build = runtime._init_process_group
+    builds = []
+
     def crash(*args: object, **kwargs: object) -> None:
-        os._exit(3)
+        builds.append(1)
+        if len(builds) == int(os.environ.get("CRASH_AT_BUILD", "1")):
+            os._exit(3)
+        build(*args, **kwargs)  # type: ignore[arg-type]
 
     runtime._init_process_group = crash  # type: ignore[assignment]
 
