@@ -55,6 +55,7 @@ log = logging.getLogger("elasticrun.driver")
 FAILURE_COALESCE_S = 0.05  # let a whole host's exits arrive before the next round is cut
 UNEXPLAINED_RESET_GRACE_S = 0.5  # a worker saw a failure the driver has not seen yet
 REJOIN_SLACK_S = 5.0  # beyond the collective timeout, for a running worker to rejoin
+SYNC_REPORT_GRACE_S = 2.0
 EXIT_CODE_SIGINT = 130
 EXIT_CODE_SIGTERM = 143
 
@@ -269,6 +270,13 @@ class Driver:
         if assignment is None:
             return
         number = self._round_number + 1
+        if self._planner.state_lost():
+            # Survivors that finished a sync just before the failure may still have their
+            # report on the way: give them a moment before calling the state lost.
+            deadline = asyncio.get_running_loop().time() + SYNC_REPORT_GRACE_S
+            while self._planner.state_lost() and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.05)
+            assignment = self._planner.desired(self._assignment)
         if self._planner.state_lost():
             self._fail("no worker holding the committed training state is left (every one "
                        "was lost); a new round would silently start training from scratch, "

@@ -118,8 +118,8 @@ def test_a_leaving_worker_keeps_the_state_until_the_new_round_holds_it(tmp_path:
     script.write_text(f"#!/bin/sh\ncat {hosts}\n")
     script.chmod(0o755)
     progress = tmp_path / "progress"
-    env = {"TRAIN_SAMPLES": "64", "TRAIN_EPOCHS": "3", "TRAIN_BATCH": "4",
-           "TRAIN_STEP_SLEEP": "0.05", "LOG_DIR": str(tmp_path), "PROGRESS_FILE": str(progress),
+    env = {"TRAIN_SAMPLES": "64", "TRAIN_EPOCHS": "6", "TRAIN_BATCH": "4",
+           "TRAIN_STEP_SLEEP": "0.1", "LOG_DIR": str(tmp_path), "PROGRESS_FILE": str(progress),
            "CRASH_HOST": "127.0.0.1", "CRASH_AT_BUILD": "2"}
     proc, tag = start_job(["-np", "2", "--min-np", "1", "--host-discovery-script", str(script),
                            "--discovery-interval", "0.2",
@@ -132,6 +132,6 @@ def test_a_leaving_worker_keeps_the_state_until_the_new_round_holds_it(tmp_path:
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err[-3000:]
     assert_no_orphans(tag)
-    views = check_job(list(read_records(tmp_path)), samples=64, epochs=3)
+    views = check_job(list(read_records(tmp_path)), samples=64, epochs=6)
     handover = next(v for v in views if "127.0.0.2" in v.hosts_by_rank.values())
     assert handover.hosts_by_rank[0] == "localhost" and handover.resume_step >= 3

@@ -846,9 +846,15 @@ async def test_join_unsigned_has_no_effect(server: Server) -> None:
 
 
 async def test_join_worker_without_place_gets_exit(server: Server) -> None:
+    """It is held (a last copy of the state) until the round settles, then let go."""
     _open_two_slot_round(server.rv)
     server.rv.register_worker("w2", SlotId("b", 0))
-    reply = await server.signed(protocol.PATH_JOIN, {"worker_id": "w2", "last_round": 0})
+    pending = asyncio.create_task(
+        server.signed(protocol.PATH_JOIN, {"worker_id": "w2", "last_round": 0}))
+    await asyncio.sleep(0.3)
+    assert not pending.done() and server.listener.named("worker_released") == []
+    server.rv.mark_settled(1)
+    reply = await asyncio.wait_for(pending, 5)
     assert reply.status == 200
     assert reply.json["action"] == "exit"
     assert reply.json["round"] == 1
