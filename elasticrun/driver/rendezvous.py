@@ -28,6 +28,10 @@ from elasticrun.driver.kvstore import KVStore
 log = logging.getLogger("elasticrun.rendezvous")
 
 SHUTDOWN_TIMEOUT_S = 2.0
+# Every worker of a job connects at once when a round opens: with the usual backlog of 128,
+# a large job overflows the accept queue and the dropped connections retry only after 1 s
+# or more. The kernel caps this at net.core.somaxconn.
+LISTEN_BACKLOG = 4096
 PAYLOAD = web.RequestKey("payload", dict)
 
 
@@ -59,6 +63,12 @@ class Round:
     complete: bool = False
     settled: bool = False  # every member holds the committed state (reported its sync)
     opened_at: float = field(default_factory=time.monotonic)
+    # The members' worker ids: membership checks and "has everyone joined" in O(1), not O(N)
+    # per request (a round of N joins would be O(N^2)). `joined` only ever holds members.
+    member_ids: frozenset[str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.member_ids = frozenset(self.members.values())
 
     def missing(self) -> list[SlotId]:
         return [slot for slot, worker in self.members.items() if worker not in self.joined]
@@ -175,7 +185,8 @@ class Rendezvous:
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
                                      shutdown_timeout=SHUTDOWN_TIMEOUT_S)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, hosts[0], port, reuse_address=True)
+        site = web.TCPSite(self._runner, hosts[0], port, reuse_address=True,
+                           backlog=LISTEN_BACKLOG)
         await site.start()
         addresses = self._runner.addresses
         assert addresses, "the rendezvous server did not bind"
@@ -189,7 +200,8 @@ class Rendezvous:
         """Also serves on `host` (same port)."""
         assert self._runner is not None
         if host not in self.listening:
-            await web.TCPSite(self._runner, host, self.port, reuse_address=True).start()
+            await web.TCPSite(self._runner, host, self.port, reuse_address=True,
+                              backlog=LISTEN_BACKLOG).start()
             self.listening.append(host)
 
     async def stop(self) -> None:
@@ -281,7 +293,7 @@ class Rendezvous:
                         current.joined.add(worker_id)
                         if len(current.joined) == 1:
                             self._listener.barrier_started(current.number)
-                        if not current.missing():
+                        if len(current.joined) == len(current.member_ids):
                             current.complete = True
                             self._wake()
                             self._listener.round_completed(current.number)
@@ -329,7 +341,7 @@ class Rendezvous:
             if current is not None and number < current.number:
                 return _error(410, f"round {number} is over")
             if current is None or number > current.number \
-                    or worker_id not in current.members.values():
+                    or worker_id not in current.member_ids:
                 return _error(403, f"not a member of round {number}")
         return None
 

@@ -1004,3 +1004,62 @@ async def test_sync_reports_reach_the_driver(server: Server) -> None:
     assert (await server.send("POST", protocol.PATH_SYNCED,
                               b'{"worker_id": "w0", "round": 4}')).status == 401
     assert server.listener.named("worker_synced") == [("w0", 3)]
+
+
+# --- 7. rounds of many workers --------------------------------------------------------------
+
+
+async def test_round_completes_exactly_when_its_last_member_joins(server: Server) -> None:
+    """Repeated joins of one member and joins of a worker with no place do not count: the
+    round completes once, when the last distinct member joins, and not a join earlier."""
+    slots = {SlotId(host, i): f"{host}{i}" for host in "ab" for i in range(2)}
+    for slot, worker in slots.items():
+        server.rv.register_worker(worker, slot)
+    server.rv.open_round(1, assign([("a", 2), ("b", 2)]), slots)
+    server.rv.register_worker("standby", SlotId("c", 0), standby=True)  # for a later round
+
+    def join(worker: str) -> asyncio.Task[Reply]:
+        return asyncio.create_task(
+            server.signed(protocol.PATH_JOIN, {"worker_id": worker, "last_round": 0}))
+
+    early = [join(w) for w in ("a0", "a1", "b0", "a0", "a1")]
+    standby = join("standby")
+    try:
+        await eventually(lambda: len(server.listener.named("standby_ready")) == 1)
+        await eventually(lambda: server.rv.current_round is not None
+                         and server.rv.current_round.joined == {"a0", "a1", "b0"})
+        await asyncio.sleep(0.3)  # every early join has been seen, twice for a0 and a1
+        assert server.listener.named("round_completed") == []
+        assert not server.rv.current_round.complete
+        assert not any(task.done() for task in early)
+        last = await server.signed(protocol.PATH_JOIN, {"worker_id": "b1", "last_round": 0})
+        replies = [r.json for r in await asyncio.wait_for(asyncio.gather(*early), 5)]
+        replies.append(last.json)
+    finally:
+        standby.cancel()
+    assert all((r["action"], r["round"]) == ("run", 1) for r in replies)
+    assert [r["slot"]["rank"] for r in replies] == [0, 1, 2, 0, 1, 3]
+    assert server.listener.named("round_completed") == [(1,)]
+    assert server.listener.named("barrier_started") == [(1,)]
+    assert server.rv.current_round.complete
+
+
+async def test_a_crowd_of_workers_forms_one_round_and_uses_its_keys(server: Server) -> None:
+    """300 workers join at once: each gets its own rank; then each sets its key in the round
+    and reads its neighbour's (the store's membership check, for every one of them)."""
+    n, prefix = 300, protocol.round_prefix(1)
+    assignment = assign([(f"h{h}", 10) for h in range(n // 10)])
+    members = {slot: f"w{info.rank}" for slot, info in assignment.items()}
+    for slot, worker in members.items():
+        server.rv.register_worker(worker, slot)
+    server.rv.open_round(1, assignment, members)
+    replies = await asyncio.gather(*(server.signed(
+        protocol.PATH_JOIN, {"worker_id": f"w{i}", "last_round": 0}) for i in range(n)))
+    assert [(r.status, r.json["action"], r.json["slot"]["rank"]) for r in replies] == [
+        (200, "run", i) for i in range(n)]
+    assert server.listener.named("round_completed") == [(1,)]
+    await asyncio.gather(*(server.kv("set", worker=f"w{i}", key=f"{prefix}{i}",
+                                     value=b64(str(i).encode())) for i in range(n)))
+    got = await asyncio.gather(*(server.kv("get", worker=f"w{i}", key=f"{prefix}{(i + 1) % n}")
+                                 for i in range(n)))
+    assert got == [{"value": b64(str((i + 1) % n).encode())} for i in range(n)]
