@@ -1,0 +1,144 @@
+"""The workers' torch.distributed Store (elasticrun.worker.store.DriverStore) against a real
+driver server: what it answers, and how many requests it takes to answer it."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import datetime
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+import pytest_asyncio
+import torch
+import torch.distributed as dist
+
+from elasticrun import protocol
+from elasticrun.driver.assignment import SlotId
+from elasticrun.driver.rendezvous import Rendezvous
+from elasticrun.worker.client import DriverClient
+from elasticrun.worker.store import DriverStore
+from tests.fakes import RecordingListener
+
+SECRET = protocol.new_secret()
+WORKER = "tester"  # registered, member of no round: may use keys outside rounds
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class CountingClient(DriverClient):
+    """A real client that counts its store requests by operation."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__("127.0.0.1", port, SECRET, unreachable_timeout=5)
+        self.requests: collections.Counter[str] = collections.Counter()
+        self._lock = threading.Lock()
+
+    def call(self, path: str, payload: dict[str, Any], wait: float = 0.0) -> dict[str, Any]:
+        with self._lock:
+            self.requests[path.removeprefix(protocol.PATH_KV_PREFIX)] += 1
+        return super().call(path, payload, wait)
+
+
+@pytest_asyncio.fixture
+async def rendezvous() -> AsyncIterator[Rendezvous]:
+    rv = Rendezvous(SECRET, RecordingListener())
+    rv.register_worker(WORKER, SlotId("tester-host", 0))
+    rv.port = await rv.start("127.0.0.1")
+    try:
+        yield rv
+    finally:
+        await rv.stop()
+
+
+def new_store(rv: Rendezvous, timeout: float = 10.0) -> tuple[DriverStore, CountingClient]:
+    client = CountingClient(rv.port)
+    return DriverStore(client, WORKER, timeout=timeout), client
+
+
+async def blocking(function: Callable[..., Any], *args: Any) -> Any:
+    return await asyncio.to_thread(function, *args)
+
+
+async def test_get_right_after_wait_is_answered_from_what_the_wait_fetched(
+        rendezvous: Rendezvous) -> None:
+    store, client = new_store(rendezvous)
+    rendezvous.store.set("a", b"1")
+    rendezvous.store.set("b", b"2")
+
+    def wait_then_get() -> tuple[bytes, bytes]:
+        store.wait(["a", "b"])
+        return store.get("b"), store.get("a")
+
+    assert await blocking(wait_then_get) == (b"2", b"1")
+    # One request for the wait and the first get; the second get asked the driver.
+    assert client.requests == {"multi_get": 2}
+
+
+async def test_any_other_call_forgets_what_the_wait_fetched(rendezvous: Rendezvous) -> None:
+    store, client = new_store(rendezvous)
+    rendezvous.store.set("k", b"old")
+
+    def wait_set_get() -> bytes:
+        store.wait(["k"])
+        store.set("k", b"new")
+        return store.get("k")
+
+    assert await blocking(wait_set_get) == b"new"
+    assert client.requests == {"multi_get": 2, "set": 1}
+
+
+async def test_wait_and_multi_get_long_poll_in_one_request(rendezvous: Rendezvous) -> None:
+    store, client = new_store(rendezvous)
+    pending = asyncio.ensure_future(blocking(store.multi_get, ["x", "y"]))
+    await asyncio.sleep(0.2)
+    rendezvous.store.set("y", b"Y")
+    await asyncio.sleep(0.1)
+    assert not pending.done()
+    rendezvous.store.set("x", b"X")
+    assert await asyncio.wait_for(pending, 5) == [b"X", b"Y"]
+    assert client.requests == {"multi_get": 1}
+
+
+async def test_wait_get_and_multi_get_time_out(rendezvous: Rendezvous) -> None:
+    store, _ = new_store(rendezvous, timeout=0.3)
+    for call, args in ((store.get, ("missing",)), (store.multi_get, (["missing"],)),
+                       (store.wait, (["missing"], datetime.timedelta(seconds=0.2)))):
+        started = time.monotonic()
+        with pytest.raises(dist.DistStoreError, match="timed out"):
+            await blocking(call, *args)
+        assert time.monotonic() - started < 3
+
+
+async def test_extended_api_append_multi_set_compare_set(rendezvous: Rendezvous) -> None:
+    store, _ = new_store(rendezvous)
+    assert store.has_extended_api()
+    prefixed: Any = dist.PrefixStore("p/", store)  # torch's stubs lack these methods
+    assert prefixed.has_extended_api()
+    await blocking(prefixed.append, "log", b"ab")
+    await blocking(prefixed.append, "log", b"cd")
+    await blocking(prefixed.multi_set, ["m1", "m2"], [b"1", b"2"])
+    assert await blocking(prefixed.multi_get, ["log", "m2", "m1"]) == [b"abcd", b"2", b"1"]
+    assert await blocking(prefixed.compare_set, "m1", b"1", b"one") == b"one"
+
+
+async def test_gloo_group_built_through_the_store_makes_one_request_per_peer(
+        rendezvous: Rendezvous) -> None:
+    """torch's Gloo sets its address, then waits for and gets every rank's (its own too)."""
+    size = 3
+    stores = [new_store(rendezvous) for _ in range(size)]
+
+    def build(rank: int) -> float:
+        store = dist.PrefixStore("group/", stores[rank][0])
+        group: Any = dist.ProcessGroupGloo(store, rank, size, datetime.timedelta(seconds=20))
+        tensor = torch.ones(1)
+        group.allreduce([tensor]).wait()
+        return float(tensor.item())
+
+    results = await asyncio.gather(*(blocking(build, rank) for rank in range(size)))
+    assert results == [float(size)] * size
+    for _, client in stores:
+        assert client.requests == {"set": 1, "multi_get": size}
