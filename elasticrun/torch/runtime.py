@@ -33,6 +33,15 @@ log = logging.getLogger("elasticrun.worker")
 
 
 @dataclass
+class JoinTiming:
+    """Wall-clock times of this worker's last join (for benchmarks and debugging)."""
+
+    asked: float = 0.0  # the join request was sent
+    assigned: float = 0.0  # the driver answered with this worker's place in the round
+    built: float = 0.0  # the round's process group is built
+
+
+@dataclass
 class Runtime:
     slot: SlotInfo
     round: int = 0
@@ -45,6 +54,7 @@ class Runtime:
     notices: NoticeWatcher | None = None
     driver_peer: tuple[str, int] = ("", 0)
     round_sockets: dict[int, str] = field(default_factory=dict)
+    last_join: JoinTiming = field(default_factory=JoinTiming)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -159,6 +169,7 @@ def _join(runtime: Runtime, last_round: int) -> None:
     built (it died, hung, or the round broke), asks for the round after it instead."""
     assert runtime.client is not None
     give_up = time.monotonic() + runtime.round_timeout
+    timing = JoinTiming(asked=time.time())
     while True:
         reply = protocol.JoinReply.from_json(runtime.client.call(
             protocol.PATH_JOIN,
@@ -169,8 +180,11 @@ def _join(runtime: Runtime, last_round: int) -> None:
             print(f"elasticrun: this worker leaves the job ({reply.reason})", file=sys.stderr)
             raise SystemExit(0)
         if reply.action == "run" and reply.slot is not None:
+            timing.assigned = time.time()
             try:
                 _build_group(runtime, reply)
+                timing.built = time.time()
+                runtime.last_join = timing
                 return
             except Exception as exc:
                 if not is_peer_failure(exc) or time.monotonic() > give_up:
