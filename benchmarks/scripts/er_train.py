@@ -1,94 +1,91 @@
-"""Training loop for the benchmarks: an MLP of a chosen size, timestamped events.
+"""The elastic training script of the benchmarks (elasticrun's API, as a user writes it).
 
-Env: BENCH_PARAMS (approximate parameter count), BENCH_STEPS, BENCH_COMMIT_EVERY (0: never;
--1: every other step, to compare steps with and without a commit within one run),
-BENCH_KILL_STEP / BENCH_KILL_RANK (SIGKILL self at that step), BENCH_OUT (JSON lines file).
-Events: "kill" (just before the SIGKILL), "failure" (a survivor's collective raised),
-"reset" (reset callback: new round joined, group built), "synced" (state synced, training
-about to resume), "step" (a completed step), "done" (with the mean step time).
+Env (besides model.py's): BENCH_STEPS (stop after this step), BENCH_COMMIT_EVERY (0: never),
+BENCH_KILL_STEP / BENCH_KILL_RANK (that rank SIGKILLs itself at that step, once: only in
+the job's first round), BENCH_TARGET_SIZE / BENCH_STEPS_AT_TARGET (scale-up: stop after
+that many steps at that world size).
+Events: "started" (first line, before torch is imported), "imported" (model and optimizer
+built too), "joined" (first round's group built; with the join's timings), "kill", "failure"
+(a collective raised), "reset" (new round's group built; with the join's timings),
+"synced" (state synced, step restored), "step" (with the commit's duration),
+"done" (parameter count).
 """
 
 from __future__ import annotations
 
-import json
-import math
-import os
-import signal
 import time
 
-import torch
-import torch.nn.functional as F
+STARTED = time.time()
 
-import elasticrun.torch as er
+import os  # noqa: E402
+import signal  # noqa: E402
 
-PARAMS = int(float(os.environ.get("BENCH_PARAMS", "1e6")))
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from model import batch, build_model, emit, parameter_count  # noqa: E402
+
+import elasticrun.torch as er  # noqa: E402
+from elasticrun.torch import runtime  # noqa: E402
+
 STEPS = int(os.environ.get("BENCH_STEPS", "60"))
 COMMIT_EVERY = int(os.environ.get("BENCH_COMMIT_EVERY", "1"))
 KILL_STEP = int(os.environ.get("BENCH_KILL_STEP", "-1"))
 KILL_RANK = int(os.environ.get("BENCH_KILL_RANK", "-1"))
-OUT = os.environ.get("BENCH_OUT", "/dev/null")
-BATCH = 32
+TARGET_SIZE = int(os.environ.get("BENCH_TARGET_SIZE", "0"))
+STEPS_AT_TARGET = int(os.environ.get("BENCH_STEPS_AT_TARGET", "5"))
 
 
-def emit(event: str, **fields: object) -> None:
-    with open(OUT, "a") as file:
-        file.write(json.dumps({"event": event, "time": time.time(), "pid": os.getpid(),
-                               **fields}) + "\n")
-
-
-def build_model() -> torch.nn.Module:
-    # One w*w layer dominates: w*w + w*(64 + 10) parameters.
-    width = max(8, int(math.sqrt(PARAMS)))
-    return torch.nn.Sequential(torch.nn.Linear(64, width), torch.nn.ReLU(),
-                               torch.nn.Linear(width, width), torch.nn.ReLU(),
-                               torch.nn.Linear(width, 10))
+def emit_join(event: str, **fields: object) -> None:
+    timing = runtime.current().last_join
+    emit(event, rank=er.rank(), size=er.size(), round=runtime.current().round,
+         asked=timing.asked, assigned=timing.assigned, built=timing.built, **fields)
 
 
 def main() -> None:
-    er.init()
-    torch.manual_seed(0)
+    emit("started", at=STARTED)
+    # Everything slow before joining: from its join until its state is synced, a worker
+    # joining a running job holds up the others (torch's first optimizer alone takes ~1 s).
     model = build_model()
     optimizer = er.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
                                         named_parameters=model.named_parameters())
     state = er.elastic.TorchState(model, optimizer, step=0)
-    state.register_reset_callbacks([lambda: emit("reset", rank=er.rank(), size=er.size())])
-    data = torch.randn(BATCH, 64)
-    target = torch.randint(0, 10, (BATCH,))
-    durations: list[float] = []
-    with_commit: list[float] = []
+    emit("imported")
+    er.init()
+    emit_join("joined")
+    state.register_reset_callbacks([lambda: emit_join("reset")])
+    data, target = batch(er.rank())
+    at_target = 0
 
     @er.elastic.run
     def train(state: er.elastic.TorchState) -> None:
+        nonlocal at_target
         emit("synced", rank=er.rank(), size=er.size(), step=state.step)
-        while state.step < STEPS:
-            if state.step == KILL_STEP and er.rank() == KILL_RANK:
+        at_target = 0
+        while state.step < STEPS and not (TARGET_SIZE and at_target >= STEPS_AT_TARGET):
+            if state.step == KILL_STEP and er.rank() == KILL_RANK \
+                    and runtime.current().round == 1:
                 emit("kill", rank=er.rank(), step=state.step)
                 os.kill(os.getpid(), signal.SIGKILL)
-            started = time.perf_counter()
+            commit_s = 0.0
             try:
                 optimizer.zero_grad()
                 F.cross_entropy(model(data), target).backward()
                 optimizer.step()
                 state.step += 1
-                every = 2 if COMMIT_EVERY == -1 else COMMIT_EVERY
-                committed = bool(every) and state.step % every == 0
-                if committed:
+                if COMMIT_EVERY and state.step % COMMIT_EVERY == 0:
+                    started = time.perf_counter()
                     state.commit()
+                    commit_s = time.perf_counter() - started
+            except er.elastic.HostsUpdatedInterrupt:
+                raise
             except Exception:
                 emit("failure", rank=er.rank())
                 raise
-            (with_commit if committed and COMMIT_EVERY == -1 else durations).append(
-                time.perf_counter() - started)
-            emit("step", rank=er.rank(), size=er.size(), step=state.step)
+            at_target += er.size() == TARGET_SIZE
+            emit("step", rank=er.rank(), size=er.size(), step=state.step, commit_s=commit_s)
 
     train(state)
-    def median(values: list[float]) -> float:
-        steady = sorted(values[3:]) or sorted(values) or [0.0]
-        return steady[len(steady) // 2]
-
-    emit("done", rank=er.rank(), median_step_s=median(durations),
-         median_commit_step_s=median(with_commit),
-         params=sum(p.numel() for p in model.parameters()))
+    emit("done", rank=er.rank(), params=parameter_count(model))
     er.shutdown()
 
 

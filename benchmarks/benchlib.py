@@ -1,0 +1,190 @@
+"""Shared by the benchmarks: running jobs, reading their timestamped events, tables.
+
+Every benchmark module defines `bench(trials: int, quick: bool) -> dict` that prints its
+table and returns JSON-serialisable raw numbers (run.py writes them to results/).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+SCRIPTS = HERE / "scripts"
+RESULTS = HERE / "results"
+PYTHON = sys.executable
+TAG_VAR = "ELASTICRUN_BENCH_TAG"
+# torchrun's agents share their rendezvous TCPStore with the workers by default, and
+# restarted workers then read the previous attempt's Gloo addresses (pytorch/pytorch#135712):
+# restarts fail or hang. The documented way out is to turn the sharing off.
+TORCHRUN_WORKAROUND = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
+def bench_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a benchmark job: the repo importable, one intra-op thread per
+    worker (several workers share this machine's cores)."""
+    return {**os.environ, "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+            **(extra or {})}
+
+
+def run_checked(command: Sequence[str], env: Mapping[str, str], timeout: float = 600,
+                what: str = "benchmark job") -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(list(command), env=dict(env), capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{what} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def elasticrun_command(args: Sequence[str], script: Path | str) -> list[str]:
+    return [PYTHON, "-m", "elasticrun", "--start-timeout", "120", *args, PYTHON, str(script)]
+
+
+def read_events(*paths: Path) -> list[dict[str, Any]]:
+    """JSON lines from each existing file, sorted by their "time"."""
+    events = []
+    for path in paths:
+        if path.exists():
+            events += [json.loads(line) for line in path.read_text().splitlines() if line]
+    return sorted(events, key=lambda e: e["time"])
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def median(values: Iterable[float]) -> float:
+    return statistics.median(list(values))
+
+
+def summarize(trials: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """The median of every numeric key over trials."""
+    keys = [k for k, v in trials[0].items() if isinstance(v, (int, float))]
+    return {key: median(t[key] for t in trials) for key in keys}
+
+
+def ratio(ours: float, theirs: float) -> str:
+    return f"{theirs / ours:.1f}x" if ours > 0 else "-"
+
+
+def print_table(title: str, headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+    cells = [[_cell(v) for v in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h)
+              for i, h in enumerate(headers)]
+    print(f"\n{title}")
+    print("  " + "  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True)))
+    for row in cells:
+        print("  " + "  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)))
+    sys.stdout.flush()
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3f}" if abs(value) < 100 else f"{value:.0f}"
+    return str(value)
+
+
+def torchrun_command(script: Path | str, nproc: int, *, nnodes: str = "1", port: int = 0,
+                     is_host: bool = True, rdzv_conf: str = "",
+                     extra: Sequence[str] = ()) -> list[str]:
+    """One torchrun agent (c10d rendezvous on 127.0.0.1:port, defaults otherwise)."""
+    conf = ",".join(filter(None, [f"is_host={int(is_host)}", rdzv_conf]))
+    return [PYTHON, "-m", "torch.distributed.run", "--nnodes", nnodes,
+            "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "bench",
+            "--rdzv-conf", conf, *extra, str(script)]
+
+
+class Jobs:
+    """Processes started in their own sessions, tagged through their environment; every
+    process carrying the tag (torchrun's workers too, which leave the agent's session) is
+    gone when the block ends."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[str]] = []
+        self.logs: list[IO[str]] = []  # files, not pipes: nobody has to keep reading them
+        self.tag = uuid.uuid4().hex
+
+    def start(self, command: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen[str]:
+        log = tempfile.TemporaryFile("w+")
+        proc = subprocess.Popen(list(command), env={**env, TAG_VAR: self.tag},
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=log, text=True,
+                                start_new_session=True)
+        self.procs.append(proc)
+        self.logs.append(log)
+        return proc
+
+    def wait(self, timeout: float, what: str, progress: Path | None = None,
+             stall_s: float = 60.0) -> None:
+        """Waits for every process; fails unless each exits 0 within `timeout` seconds, or
+        (with `progress`, a file the job appends to) when the file stops growing for
+        `stall_s` seconds: a hung job is reported as such, not waited out."""
+        deadline = time.monotonic() + timeout
+        last_size, last_change = -1, time.monotonic()
+        while any(proc.poll() is None for proc in self.procs):
+            now = time.monotonic()
+            if now > deadline:
+                raise RuntimeError(f"{what} did not finish within {timeout:g}s")
+            size = progress.stat().st_size if progress and progress.exists() else 0
+            if size != last_size:
+                last_size, last_change = size, now
+            elif progress and now - last_change > stall_s:
+                raise RuntimeError(f"{what} hung: no progress for {stall_s:g}s")
+            time.sleep(0.2)
+        for proc, log in zip(self.procs, self.logs, strict=True):
+            if proc.returncode != 0:
+                log.seek(0)
+                lines = [line for line in log.read().splitlines() if line.strip()]
+                raise RuntimeError(f"{what} failed (exit {proc.returncode}): "
+                                   f"{lines[-1][:300] if lines else ''}")
+
+    def __enter__(self) -> Jobs:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        # SIGTERM first: torchrun and elasticrun then stop the workers they started.
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                pass
+        for pid in tagged_pids(self.tag):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for proc in self.procs:
+            proc.wait()
+        for log in self.logs:
+            log.close()
+
+
+def tagged_pids(tag: str) -> list[int]:
+    needle = f"{TAG_VAR}={tag}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if needle in (entry / "environ").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found

@@ -1,0 +1,76 @@
+"""Steady-state overhead: what being elastic costs while nothing fails.
+
+2 workers on this machine, the same model and batch. The peer is plain DDP under torchrun
+(--standalone, no checkpoint). elasticrun runs er_train.py: DistributedOptimizer and a
+TorchState committed every step or every 10 steps (and never, to separate the optimizer's
+cost from the commit's). Throughput is rank 0's steps per second after a warm-up; the
+commit cost is the measured duration of `state.commit()` itself, for 1M, 10M and 50M
+parameters. Target: at least 0.95x DDP's throughput committing every 10 steps.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from benchlib import (
+    SCRIPTS,
+    Jobs,
+    bench_env,
+    elasticrun_command,
+    free_port,
+    median,
+    print_table,
+    read_events,
+    torchrun_command,
+)
+
+WARMUP_STEPS = 5
+CONFIGS = ("ddp", "commit_never", "commit_10", "commit_1")
+
+
+def _throughput(out: Path) -> dict[str, float]:
+    steps = [e for e in read_events(out) if e["event"] == "step" and e["rank"] == 0]
+    measured = steps[WARMUP_STEPS:]
+    rate = (len(measured) - 1) / (measured[-1]["time"] - measured[0]["time"])
+    commits = [e["commit_s"] for e in measured if e["commit_s"] > 0]
+    return {"steps_per_s": rate, "commit_ms": median(commits) * 1e3 if commits else 0.0}
+
+
+def run_config(config: str, params: float, steps: int) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "events.jsonl"
+        every = {"commit_never": 0, "commit_10": 10, "commit_1": 1}.get(config, 0)
+        env = bench_env({"BENCH_OUT": str(out), "BENCH_PARAMS": f"{params:g}",
+                         "BENCH_STEPS": str(steps + WARMUP_STEPS),
+                         "BENCH_COMMIT_EVERY": str(every), "BENCH_CHECKPOINT_EVERY": "0",
+                         "BENCH_CHECKPOINT_DIR": tmp})
+        if config == "ddp":
+            command = torchrun_command(SCRIPTS / "torchrun_train.py", 2, port=free_port())
+        else:
+            command = elasticrun_command(["-np", "2"], SCRIPTS / "er_train.py")
+        with Jobs() as jobs:
+            jobs.start(command, env)
+            jobs.wait(900, f"overhead job ({config}, {params:g} parameters)")
+        return _throughput(out)
+
+
+def bench(trials: int, quick: bool) -> dict[str, Any]:
+    sizes = {1e5: 10} if quick else {1e6: 60, 1e7: 30, 5e7: 12}
+    results: dict[str, Any] = {}
+    rows = []
+    for params, steps in sizes.items():
+        runs: dict[str, list[dict[str, float]]] = {c: [] for c in CONFIGS}
+        for _ in range(trials):  # interleaved, so that drift of the machine hits all
+            for config in CONFIGS:
+                runs[config].append(run_config(config, params, steps))
+        rate = {c: median(r["steps_per_s"] for r in runs[c]) for c in CONFIGS}
+        commit_ms = median(r["commit_ms"] for r in runs["commit_1"])
+        results[f"{params:g}"] = {"trials": runs, "steps_per_s": rate, "commit_ms": commit_ms}
+        rows.append([f"{params / 1e6:g}M", rate["ddp"],
+                     *(f"{rate[c]:.3f} ({rate[c] / rate['ddp']:.2f}x)" for c in CONFIGS[1:]),
+                     commit_ms])
+    print_table(f"overhead: 2 workers, steps/s (x DDP under torchrun), median of {trials}",
+                ["params", "DDP", "no commit", "commit/10", "commit/1", "commit ms"], rows)
+    return results

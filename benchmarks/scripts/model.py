@@ -1,0 +1,44 @@
+"""What both training scripts share: the model, the batch, the timestamped event log.
+
+Env: BENCH_PARAMS (approximate parameter count), BENCH_OUT (JSON-lines file of events).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+
+import torch
+
+PARAMS = int(float(os.environ.get("BENCH_PARAMS", "1e6")))
+OUT = os.environ.get("BENCH_OUT", "/dev/null")
+BATCH = 32
+IN_FEATURES = 64
+CLASSES = 10
+
+
+def emit(event: str, **fields: object) -> None:
+    with open(OUT, "a") as file:
+        file.write(json.dumps({"event": event, "time": time.time(), "pid": os.getpid(),
+                               **fields}) + "\n")
+
+
+def build_model() -> torch.nn.Module:
+    """An MLP whose one width x width layer holds nearly all of PARAMS parameters."""
+    torch.manual_seed(0)
+    width = max(8, int(math.sqrt(PARAMS)))
+    return torch.nn.Sequential(torch.nn.Linear(IN_FEATURES, width), torch.nn.ReLU(),
+                               torch.nn.Linear(width, width), torch.nn.ReLU(),
+                               torch.nn.Linear(width, CLASSES))
+
+
+def batch(rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(rank)
+    return (torch.randn(BATCH, IN_FEATURES, generator=generator),
+            torch.randint(0, CLASSES, (BATCH,), generator=generator))
+
+
+def parameter_count(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
