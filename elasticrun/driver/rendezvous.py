@@ -89,7 +89,7 @@ class Rendezvous:
         self._round: Round | None = None
         self._notice_seq = 0
         self._broken_round = 0
-        self._changed = asyncio.Event()
+        self._waiters: set[asyncio.Future[bool]] = set()  # long-polls, until a change
         self._seen_nonces: OrderedDict[str, float] = OrderedDict()
         self._runner: web.AppRunner | None = None
         self._operator_resources: set[web.AbstractResource | None] = set()
@@ -151,21 +151,28 @@ class Rendezvous:
         return self._notice_seq
 
     def _wake(self) -> None:
-        self._changed.set()
-        self._changed = asyncio.Event()
+        waiters, self._waiters = self._waiters, set()
+        for waiter in waiters:
+            _settle(waiter, True)
 
     async def _wait_change(self, deadline: float) -> bool:
+        """True when something changed before `deadline` (time.monotonic()), else False.
+        A future and a timer per wait: asyncio.wait_for costs a task each, which a round of
+        thousands of held joins pays thousands of times."""
         if self._closing:
             return False
-        event = self._changed
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return False
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[bool] = loop.create_future()
+        timer = loop.call_later(remaining, _settle, waiter, False)
+        self._waiters.add(waiter)
         try:
-            await asyncio.wait_for(event.wait(), remaining)
-            return True
-        except asyncio.TimeoutError:
-            return False
+            return await waiter
+        finally:
+            timer.cancel()
+            self._waiters.discard(waiter)
 
     # --- server lifecycle ------------------------------------------------------------
     async def start(self, host: str | Sequence[str], port: int = 0,
@@ -401,6 +408,11 @@ class Rendezvous:
         else:
             return _error(404, f"unknown store operation {op[:40]!r}")
         return web.json_response(result)
+
+
+def _settle(waiter: asyncio.Future[bool], changed: bool) -> None:
+    if not waiter.done():
+        waiter.set_result(changed)
 
 
 def _touched_keys(op: str, payload: dict[str, Any]) -> list[str]:

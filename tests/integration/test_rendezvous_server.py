@@ -723,6 +723,26 @@ async def test_notices_long_poll(server: Server) -> None:
     assert time.monotonic() - started < 2.0
 
 
+
+async def test_long_polls_end_at_their_deadline_and_leave_no_waiter_behind(
+        server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A held request waits on a future and a timer: expired or woken, it is forgotten."""
+    started = time.monotonic()
+    reply = await server.signed(protocol.PATH_NOTICES, {"after": 0, "timeout": 0.3})
+    assert reply.json == {"seq": 0, "broken_round": 0}
+    assert 0.25 <= time.monotonic() - started < 2.0
+    assert not server.rv._waiters
+    waiter = asyncio.create_task(server.signed(protocol.PATH_NOTICES, {"after": 0, "timeout": 10}))
+    await eventually(lambda: len(server.rv._waiters) == 1)
+    server.rv.post_notice()
+    assert (await asyncio.wait_for(waiter, 5)).json == {"seq": 1, "broken_round": 0}
+    assert not server.rv._waiters
+    monkeypatch.setattr(protocol, "MAX_POLL_S", 0.3)  # a join held past it answers "retry"
+    _open_two_slot_round(server.rv)
+    reply = await server.signed(protocol.PATH_JOIN, {"worker_id": "w0", "last_round": 0})
+    assert reply.json["action"] == "retry"
+    assert not server.rv._waiters
+
 async def test_broken_round_releases_watchers_and_store_waiters(server: Server) -> None:
     """When the driver marks a round broken, its members stop waiting on it at once."""
     key = protocol.round_prefix(3) + "gloo/rank1"

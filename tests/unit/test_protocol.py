@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
@@ -225,6 +226,7 @@ def test_slot_info_round_trip() -> None:
         "cross_rank": 1,
         "cross_size": 2,
     }
+    assert data == dataclasses.asdict(SLOT)  # to_json names every field, a new one too
     assert SlotInfo.from_json(json.loads(json.dumps(data))) == SLOT
 
 
