@@ -33,19 +33,27 @@ def fused_collective(
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
 ) -> None:
     """Runs `launch` (an async collective) on each bucket, all in flight at once, then
-    copies the results back into `tensors` in place. `finish` post-processes a bucket."""
+    copies the results back into `tensors` in place. `finish` post-processes a bucket.
+    A contiguous tensor alone in its bucket is the bucket: it changes in place, so after a
+    failed collective it may hold partial results (elastic training restores the commit)."""
     pending: list[tuple[list[int], torch.Tensor, dist.Work | None]] = []
     try:
         for group in buckets(tensors, bucket_bytes):
             members = [tensors[i] for i in group]
-            flat = torch.cat([t.detach().reshape(-1) for t in members]) if len(members) > 1 \
-                else members[0].detach().reshape(-1).clone()
+            if len(members) == 1 and members[0].is_contiguous():
+                # A tensor alone in its bucket (a large layer) is used in place: copying
+                # it out and back would cost two passes over the largest tensors.
+                flat = members[0].detach().view(-1)
+            else:
+                flat = torch.cat([t.detach().reshape(-1) for t in members])
             pending.append((group, flat, launch(flat)))
         for group, flat, work in pending:
             if work is not None:
                 work.wait()
             if finish is not None:
                 finish(flat)
+            if len(group) == 1 and flat.data_ptr() == tensors[group[0]].data_ptr():
+                continue  # reduced in place
             offset = 0
             for i in group:
                 target = tensors[i]
