@@ -31,11 +31,11 @@ def plot_recovery(timelines: dict[str, dict[str, Any]], name: str) -> Path:
     import matplotlib.pyplot as plt
 
     start = min(min(t["steps"]) for t in timelines.values())
-    end = max(max(t["steps"]) for t in timelines.values())
     figure, axes = plt.subplots(figsize=(9, 4))
     for tool, timeline in timelines.items():
         color = COLORS.get(tool, "gray")
-        times, rates = steps_per_second(timeline["steps"], start, end)
+        # Each line ends with its job's last step: after that it trained no more.
+        times, rates = steps_per_second(timeline["steps"], start, max(timeline["steps"]))
         axes.step(times, rates, where="post", color=color, label=f"{tool}: steps/s")
         for mark, style in (("reset", ":"), ("resume", "--")):
             if mark in timeline["marks"]:
