@@ -9,31 +9,16 @@ import os
 import signal
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from tests.integration.harness import TAG_VAR
-
-
-def _tagged_processes() -> list[int]:
-    prefix = f"{TAG_VAR}=".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if any(var.startswith(prefix) for var in (entry / "environ").read_bytes().split(b"\0")):
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
+from tests.integration.harness import tagged_pids
 
 
 @pytest.fixture(autouse=True)
 def _kill_jobs_left_running() -> Iterator[None]:
     yield
-    left = _tagged_processes()
+    left = tagged_pids(None)
     for pid in left:
         try:
             os.kill(pid, signal.SIGKILL)

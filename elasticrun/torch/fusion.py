@@ -8,14 +8,21 @@ import torch
 import torch.distributed as dist
 
 DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
+ALONE_BYTES = 1024 * 1024
 
 
-def buckets(tensors: Sequence[torch.Tensor], bucket_bytes: int) -> list[list[int]]:
-    """Groups tensor indices into buckets of one dtype and at most ~bucket_bytes each."""
+def buckets(tensors: Sequence[torch.Tensor], bucket_bytes: int,
+            alone_bytes: int = ALONE_BYTES) -> list[list[int]]:
+    """Groups tensor indices into buckets of one dtype and at most ~bucket_bytes each.
+    A contiguous tensor of alone_bytes or more gets a bucket of its own, so that it is
+    reduced in place: fusing it would cost more in copies than it saves in collectives."""
     groups: list[list[int]] = []
     open_bucket: dict[torch.dtype, tuple[list[int], int]] = {}
     for index, tensor in enumerate(tensors):
         size = tensor.numel() * tensor.element_size()
+        if size >= alone_bytes and tensor.is_contiguous():
+            groups.append([index])
+            continue
         members, used = open_bucket.get(tensor.dtype, ([], 0))
         if members and used + size > bucket_bytes:
             groups.append(members)

@@ -41,15 +41,18 @@ class JobResult:
         return [line for line in self.stderr.splitlines() if line.startswith("elasticrun: error")]
 
 
-def tagged_pids(tag: str, var: str = TAG_VAR) -> list[int]:
-    """Processes whose environment has var=tag (root can read every /proc/*/environ)."""
-    needle = f"{var}={tag}".encode()
+def tagged_pids(tag: str | None, var: str = TAG_VAR) -> list[int]:
+    """Processes whose environment has var=tag, or var set at all when tag is None (root
+    can read every /proc/*/environ)."""
+    needle = f"{var}={tag or ''}".encode()
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            if needle in (entry / "environ").read_bytes().split(b"\0"):
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            if needle in environ if tag is not None else any(
+                    v.startswith(needle) for v in environ):
                 found.append(int(entry.name))
         except OSError:
             continue

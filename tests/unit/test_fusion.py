@@ -50,3 +50,11 @@ def test_buckets_keep_dtypes_apart_and_respect_the_size() -> None:
     tensors = [torch.ones(10), torch.ones(10, dtype=torch.float64), torch.ones(10)]
     assert buckets(tensors, bucket_bytes=1024) == [[0, 2], [1]]
     assert buckets(tensors, bucket_bytes=40) == [[0], [2], [1]]
+
+
+def test_a_large_contiguous_tensor_gets_a_bucket_of_its_own() -> None:
+    large = torch.ones(256 * 1024)  # 1 MiB: reduced in place rather than copied into a bucket
+    small = torch.ones(10)
+    assert buckets([small, large, small], bucket_bytes=25 * 1024 * 1024) == [[1], [0, 2]]
+    assert buckets([small, large[::2], small], bucket_bytes=25 * 1024 * 1024,
+                   alone_bytes=1024) == [[0, 1, 2]]  # not contiguous: fused as before
