@@ -1,9 +1,7 @@
 """The elastic training script of the benchmarks (elasticrun's API, as a user writes it).
 
-Env (besides model.py's): BENCH_STEPS (stop after this step), BENCH_COMMIT_EVERY (0: never),
-BENCH_KILL_STEP / BENCH_KILL_RANK (that rank SIGKILLs itself at that step, once: only in
-the job's first round), BENCH_TARGET_SIZE / BENCH_STEPS_AT_TARGET (scale-up: stop after
-that many steps at that world size).
+Env (besides model.py's): BENCH_COMMIT_EVERY (0: never). The kill happens only in the
+job's first round.
 Events: "started" (first line, before torch is imported), "imported" (model and optimizer
 built too), "joined" (first round's group built; with the join's timings), "kill", "failure"
 (a collective raised), "reset" (new round's group built; with the join's timings),
@@ -22,17 +20,22 @@ import signal  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from model import batch, build_model, emit, parameter_count  # noqa: E402
+from model import (  # noqa: E402
+    KILL_RANK,
+    KILL_STEP,
+    STEPS,
+    STEPS_AT_TARGET,
+    TARGET_SIZE,
+    batch,
+    build_model,
+    emit,
+    parameter_count,
+)
 
 import elasticrun.torch as er  # noqa: E402
 from elasticrun.torch import runtime  # noqa: E402
 
-STEPS = int(os.environ.get("BENCH_STEPS", "60"))
 COMMIT_EVERY = int(os.environ.get("BENCH_COMMIT_EVERY", "1"))
-KILL_STEP = int(os.environ.get("BENCH_KILL_STEP", "-1"))
-KILL_RANK = int(os.environ.get("BENCH_KILL_RANK", "-1"))
-TARGET_SIZE = int(os.environ.get("BENCH_TARGET_SIZE", "0"))
-STEPS_AT_TARGET = int(os.environ.get("BENCH_STEPS_AT_TARGET", "5"))
 
 
 def emit_join(event: str, **fields: object) -> None:

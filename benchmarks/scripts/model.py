@@ -1,6 +1,10 @@
-"""What both training scripts share: the model, the batch, the timestamped event log.
+"""What both training scripts share: the model, the batch, the timestamped event log and
+the settings.
 
-Env: BENCH_PARAMS (approximate parameter count), BENCH_OUT (JSON-lines file of events).
+Env: BENCH_PARAMS (approximate parameter count), BENCH_OUT (JSON-lines file of events),
+BENCH_STEPS (stop after this step), BENCH_KILL_STEP / BENCH_KILL_RANK (that rank SIGKILLs
+itself at that step, once), BENCH_TARGET_SIZE / BENCH_STEPS_AT_TARGET (scale-up: stop
+after that many steps at that world size).
 """
 
 from __future__ import annotations
@@ -14,6 +18,11 @@ import torch
 
 PARAMS = int(float(os.environ.get("BENCH_PARAMS", "1e6")))
 OUT = os.environ.get("BENCH_OUT", "/dev/null")
+STEPS = int(os.environ.get("BENCH_STEPS", "60"))
+KILL_STEP = int(os.environ.get("BENCH_KILL_STEP", "-1"))
+KILL_RANK = int(os.environ.get("BENCH_KILL_RANK", "-1"))
+TARGET_SIZE = int(os.environ.get("BENCH_TARGET_SIZE", "0"))
+STEPS_AT_TARGET = int(os.environ.get("BENCH_STEPS_AT_TARGET", "5"))
 BATCH = 32
 IN_FEATURES = 64
 CLASSES = 10

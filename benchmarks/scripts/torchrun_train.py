@@ -1,12 +1,11 @@
 """The peer: the same model under torchrun, as a user writes it — plain DDP, and a disk
 checkpoint every BENCH_CHECKPOINT_EVERY steps that a restarted worker resumes from.
 
-Env (besides model.py's): BENCH_STEPS, BENCH_CHECKPOINT_EVERY (0: never),
-BENCH_CHECKPOINT_DIR, BENCH_KILL_STEP / BENCH_KILL_RANK (SIGKILL, once: a marker file in
-the checkpoint directory remembers it), BENCH_TARGET_SIZE / BENCH_STEPS_AT_TARGET (stop
-after that many steps at that world size). Events as er_train.py's: "started",
-"imported" (model and optimizer built too), "initialized" (process group built),
-"synced" (checkpoint loaded, step restored), "kill", "step", "done".
+Env (besides model.py's): BENCH_CHECKPOINT_EVERY (0: never), BENCH_CHECKPOINT_DIR. A
+marker file in the checkpoint directory makes the kill happen once. Events as
+er_train.py's: "started", "imported" (model and optimizer built too), "initialized"
+(process group built), "synced" (checkpoint loaded, step restored), "kill", "step",
+"done".
 """
 
 from __future__ import annotations
@@ -23,16 +22,21 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from model import batch, build_model, emit, parameter_count  # noqa: E402
+from model import (  # noqa: E402
+    KILL_RANK,
+    KILL_STEP,
+    STEPS,
+    STEPS_AT_TARGET,
+    TARGET_SIZE,
+    batch,
+    build_model,
+    emit,
+    parameter_count,
+)
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
-STEPS = int(os.environ.get("BENCH_STEPS", "60"))
 CHECKPOINT_EVERY = int(os.environ.get("BENCH_CHECKPOINT_EVERY", "10"))
 CHECKPOINT_DIR = Path(os.environ.get("BENCH_CHECKPOINT_DIR", "/tmp"))
-KILL_STEP = int(os.environ.get("BENCH_KILL_STEP", "-1"))
-KILL_RANK = int(os.environ.get("BENCH_KILL_RANK", "-1"))
-TARGET_SIZE = int(os.environ.get("BENCH_TARGET_SIZE", "0"))
-STEPS_AT_TARGET = int(os.environ.get("BENCH_STEPS_AT_TARGET", "5"))
 # Not TORCHELASTIC_RESTART_COUNT: an agent restarting for another agent's failure does not
 # count a restart, so its workers would see 0 again.
 KILLED_MARKER = CHECKPOINT_DIR / "killed"
