@@ -150,8 +150,9 @@ class Jobs:
             if proc.returncode != 0:
                 log.seek(0)
                 lines = [line for line in log.read().splitlines() if line.strip()]
+                errors = [line for line in lines if "Error" in line] or lines
                 raise RuntimeError(f"{what} failed (exit {proc.returncode}): "
-                                   f"{lines[-1][:300] if lines else ''}")
+                                   f"{errors[-1].strip()[:300] if errors else ''}")
 
     def __enter__(self) -> Jobs:
         return self
