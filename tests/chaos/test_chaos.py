@@ -43,7 +43,10 @@ def test_chaos_soak(tmp_path: Path, sshd: SSHServer) -> None:
     assert {"sigkill", "exception"} <= set(report.counts()), report.counts()
     epochs = final_epoch(report.records)
     views = check_job(report.records, samples=48, epochs=epochs)
-    assert len(views) > FAULTS // 2, "faults that never caused a new round?"
+    # A killed or failing worker always ends its round; other faults may not (discovery
+    # trouble, a host added beyond --max-np), and faults close together share a new round.
+    breaking = report.counts()["sigkill"] + report.counts()["exception"]
+    assert len(views) > breaking // 2, f"{breaking} failures, {len(views)} rounds"
     assert min(v.size for v in views) >= MIN_NP
     assert any("sshchaos" in v.hosts_by_rank.values() for v in views)
     # The driver does not grow with the rounds it went through (resets leave nothing behind).

@@ -40,13 +40,14 @@ def rounds(records: list[dict]) -> list[RoundView]:
     return views
 
 
-def kept_steps(records: list[dict], views: list[RoundView]) -> dict[int, list[dict]]:
-    """step -> the step records that count: those of the round that owns the step."""
+def kept_steps(records: list[dict], views: list[RoundView],
+               event: str = "step") -> dict[int, list[dict]]:
+    """step -> the `event` records that count: those of the round that owns the step."""
     resume = {view.number: view.resume_step for view in views}
     numbers = [view.number for view in views]
     kept: dict[int, list[dict]] = defaultdict(list)
     for record in records:
-        if record["event"] != "step":
+        if record["event"] != event:
             continue
         number = record["round"]
         later = [n for n in numbers if n > number]
@@ -61,6 +62,10 @@ def check_job(records: list[dict], samples: int, epochs: int) -> list[RoundView]
     views = rounds(records)
     assert views, "no round was logged"
     steps = kept_steps(records, views)
+    # Which rank fed which samples into a kept step: its "batch" record, written before its
+    # gradient joined the step's allreduce. (A rank may die after the allreduce and before
+    # logging the step; the step still holds its gradient, and its samples are done.)
+    batches = kept_steps(records, views, "batch")
 
     # Committed state carries across: each round resumes from a state some earlier
     # round committed at exactly that step.
@@ -74,7 +79,8 @@ def check_job(records: list[dict], samples: int, epochs: int) -> list[RoundView]
     # number of steps: repeats in the epoch's last step only, fewer than that step's size.
     per_epoch: dict[int, Counter[int]] = defaultdict(Counter)
     last_of_epoch: dict[int, list[dict]] = {}
-    for step, step_records in sorted(steps.items()):
+    assert set(batches) == set(steps), "kept steps without batch records, or the reverse"
+    for step, step_records in sorted(batches.items()):
         ranks = {r["rank"] for r in step_records}
         sizes = {r["size"] for r in step_records}
         assert len(sizes) == 1 and ranks == set(range(sizes.pop())), \

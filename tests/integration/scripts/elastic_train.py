@@ -2,6 +2,7 @@
 
 Every process appends JSON lines to $LOG_DIR/<pid>.jsonl:
   {"event": "round", ...}   after each sync: round, rank, size, pid, host, step, params hash
+  {"event": "batch", ...}   before each step: epoch, step, this rank's indices
   {"event": "step", ...}    after each successful commit: epoch, step, this rank's indices, hash
   {"event": "final", ...}   at the end: step, hash
   {"event": "restore", ...} when it rolls back to the last commit
@@ -118,6 +119,11 @@ def main() -> None:
         while state.epoch < EPOCHS:
             for batch_idx, (indices, x, y) in enumerate(loader):
                 maybe_fault(state.step + 1)
+                # What this rank feeds into the step, logged before its gradient joins the
+                # allreduce: if the step is kept, every rank's gradient made it in, even from
+                # a rank that died before it could log the "step" record.
+                log("batch", round=runtime.current().round, rank=er.rank(), size=er.size(),
+                    epoch=state.epoch, step=state.step + 1, indices=indices.tolist())
                 optimizer.zero_grad()
                 F.cross_entropy(model(x), y).backward()
                 optimizer.step()
