@@ -40,15 +40,6 @@ def bench_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
             **(extra or {})}
 
 
-def run_checked(command: Sequence[str], env: Mapping[str, str], timeout: float = 600,
-                what: str = "benchmark job") -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(list(command), env=dict(env), capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{what} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-    return proc
-
-
 def elasticrun_command(args: Sequence[str], script: Path | str) -> list[str]:
     return [PYTHON, "-m", "elasticrun", "--start-timeout", "120", *args, PYTHON, str(script)]
 
@@ -76,10 +67,6 @@ def summarize(trials: Sequence[Mapping[str, float]]) -> dict[str, float]:
     """The median of every numeric key over trials."""
     keys = [k for k, v in trials[0].items() if isinstance(v, (int, float))]
     return {key: median(t[key] for t in trials) for key in keys}
-
-
-def ratio(ours: float, theirs: float) -> str:
-    return f"{theirs / ours:.1f}x" if ours > 0 else "-"
 
 
 def print_table(title: str, headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:

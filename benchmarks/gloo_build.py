@@ -19,12 +19,12 @@ from typing import Any
 
 from benchlib import (
     SCRIPTS,
+    Jobs,
     bench_env,
     elasticrun_command,
     median,
     print_table,
     read_events,
-    run_checked,
 )
 
 WORKER = SCRIPTS / "gloo_build_worker.py"
@@ -35,7 +35,9 @@ def run_job(size: int, trials: int, out: Path) -> list[dict[str, Any]]:
     """One elasticrun job of `size` workers doing `trials` builds per store (+1 warm-up)."""
     env = bench_env({"BENCH_TRIALS": str(trials + 1), "BENCH_OUT": str(out)})
     command = elasticrun_command(["-np", str(size), "-H", f"localhost:{size}"], WORKER)
-    run_checked(command, env, timeout=300, what=f"gloo benchmark job ({size} ranks)")
+    with Jobs() as jobs:
+        jobs.start(command, env)
+        jobs.wait(300, f"gloo benchmark job ({size} ranks)")
     return read_events(out)
 
 
