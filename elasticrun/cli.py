@@ -21,7 +21,7 @@ from elasticrun.discovery import HostDiscovery, HostfileDiscovery, ScriptDiscove
 from elasticrun.discovery.parsing import parse_hosts_flag
 from elasticrun.discovery.plugins import DiscoveryOptions, load_discovery, parse_spec
 from elasticrun.driver.driver import Driver
-from elasticrun.driver.output import OutputRouter
+from elasticrun.driver.processes.output import OutputRouter
 from elasticrun.errors import ConfigError, DiscoveryError, ElasticrunError
 from elasticrun.status_cli import status_command
 

@@ -28,6 +28,11 @@ def format_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
+def format_hosts(hosts: HostSlots) -> str:
+    """`host:slots,...`, as -H takes them."""
+    return ",".join(f"{format_host(h)}:{n}" for h, n in hosts.items())
+
+
 def parse_host_lines(text: str, default_slots: int, source: str) -> HostSlots:
     """Parses newline-separated host entries. Raises DiscoveryError naming source and line."""
     lines = ((f"line {n}: ", raw.split("#", 1)[0]) for n, raw in enumerate(text.splitlines(), 1))

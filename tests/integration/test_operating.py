@@ -18,7 +18,7 @@ import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from elasticrun.driver.events import verify_event
+from elasticrun.driver.operate.sinks import verify_event
 from tests.integration.harness import (
     PYTHON,
     REPO,

@@ -1,4 +1,4 @@
-"""Unit tests for elasticrun.driver.assignment: hosts x slots -> stable ranks."""
+"""Unit tests for elasticrun.driver.rounds.assignment: hosts x slots -> stable ranks."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from elasticrun.driver.assignment import (
+from elasticrun.driver.rounds.assignment import (
     SlotId,
     assign,
     assign_keeping_state,

@@ -1,4 +1,4 @@
-"""Unit tests for elasticrun.driver.events: signing, webhook delivery, JSON-lines file, bus.
+"""Unit tests for elasticrun.driver.operate.sinks: signing, webhook delivery, JSON-lines file, bus.
 
 Webhook tests run a real aiohttp receiver on 127.0.0.1; nothing in aiohttp is mocked.
 """
@@ -18,7 +18,7 @@ import pytest
 from aiohttp import web
 from multidict import CIMultiDict
 
-from elasticrun.driver.events import (
+from elasticrun.driver.operate.sinks import (
     EVENT_TYPES,
     HEADER_EVENT,
     HEADER_SIGNATURE,

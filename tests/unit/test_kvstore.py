@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from elasticrun.driver.kvstore import KVStore
+from elasticrun.driver.server.kvstore import KVStore
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Unit tests for the job status (elasticrun.driver.status) and `elasticrun status`
+"""Unit tests for the job status (elasticrun.driver.operate.status) and `elasticrun status`
 (elasticrun.status_cli): host states, the /status JSON, its table, and fetching it over HTTP."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from elasticrun.driver.assignment import assign
-from elasticrun.driver.hosts import BlacklistEntry
-from elasticrun.driver.status import JobView, build_status, count_states, host_states
+from elasticrun.driver.rounds.assignment import assign
+from elasticrun.driver.hosts.registry import BlacklistEntry
+from elasticrun.driver.operate.status import JobView, build_status, count_states, host_states
 from elasticrun.errors import ElasticrunError
 from elasticrun.status_cli import fetch_status, format_status
 

@@ -11,9 +11,9 @@ from collections.abc import Iterable
 
 from elasticrun.config import DriverConfig
 from elasticrun.discovery.base import HostSlots
-from elasticrun.driver.assignment import Assignment
-from elasticrun.driver.events import EventBus, EventSink, JsonLinesSink, WebhookSink
-from elasticrun.driver.metrics import DriverMetrics
+from elasticrun.driver.operate.metrics import DriverMetrics
+from elasticrun.driver.operate.sinks import EventBus, EventSink, JsonLinesSink, WebhookSink
+from elasticrun.driver.rounds.assignment import Assignment
 
 
 class Telemetry:

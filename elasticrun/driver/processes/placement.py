@@ -7,7 +7,7 @@ import socket
 import sys
 
 from elasticrun.config import DriverConfig
-from elasticrun.driver.assignment import Assignment
+from elasticrun.driver.rounds.assignment import Assignment
 from elasticrun.netif import address_towards, interface_address
 from elasticrun.spawn.base import Spawner, is_local_host, local_names
 from elasticrun.spawn.local import LocalSpawner

@@ -22,8 +22,8 @@ from aiohttp import web
 
 from elasticrun.discovery.base import HostSlots
 from elasticrun.discovery.parsing import MAX_SLOTS_PER_HOST, parse_host_entry
-from elasticrun.driver.hostwatch import PushRefused
-from elasticrun.driver.metrics import CONTENT_TYPE
+from elasticrun.driver.hosts.watcher import PushRefused
+from elasticrun.driver.operate.metrics import CONTENT_TYPE
 
 log = logging.getLogger("elasticrun.control")
 
@@ -34,8 +34,8 @@ MAX_PUSH_BYTES = 256 * 1024
 MAX_HOSTS_PER_PUSH = 10_000
 
 
-class ControlTarget(Protocol):
-    """What the endpoints read and change: the driver."""
+class OperatorTarget(Protocol):
+    """What the endpoints read and change (target.py: JobOperator)."""
 
     def status(self) -> dict[str, Any]: ...
 
@@ -46,8 +46,8 @@ class ControlTarget(Protocol):
     def push_hosts(self, action: str, hosts: HostSlots) -> dict[str, Any]: ...
 
 
-class Control:
-    def __init__(self, target: ControlTarget, token: str | None, default_slots: int) -> None:
+class OperatorRoutes:
+    def __init__(self, target: OperatorTarget, token: str | None, default_slots: int) -> None:
         self._target = target
         self._token = token.encode() if token else None
         self._default_slots = default_slots

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from elasticrun.config import DriverConfig
-from elasticrun.driver.hosts import HostRegistry
-from elasticrun.driver.hostwatch import format_hosts
+from elasticrun.discovery.parsing import format_hosts
+from elasticrun.driver.hosts.registry import HostRegistry
 
 
 def start_refusal(config: DriverConfig, available: int, registry: HostRegistry,

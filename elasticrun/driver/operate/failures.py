@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from elasticrun.driver.telemetry import Telemetry
+from elasticrun.driver.operate.telemetry import Telemetry
 
 
 class FailureLog:

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from elasticrun.discovery.base import HostSlots
-from elasticrun.driver.assignment import Assignment
-from elasticrun.driver.hosts import BlacklistEntry
+from elasticrun.driver.hosts.registry import BlacklistEntry
+from elasticrun.driver.rounds.assignment import Assignment
 
 
 @dataclass(frozen=True)

@@ -1,31 +1,20 @@
-"""The driver's record of each worker process it started, and the environment it gets."""
+"""The pool's record of each worker process it started, and the environment it gets."""
 
 from __future__ import annotations
 
 import asyncio
-import enum
 import itertools
 import os
 import secrets
-import signal
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from elasticrun import protocol
-from elasticrun.driver.assignment import SlotId
-from elasticrun.driver.output import new_tail
+from elasticrun.driver.processes.output import new_tail
+from elasticrun.driver.rounds.assignment import SlotId
 from elasticrun.protocol import SlotInfo
 from elasticrun.spawn.base import WorkerProcess
-
-
-class WorkerState(enum.Enum):
-    RUNNING = "running"      # alive and holding its slot
-    RELEASED = "released"    # has no place any more; its exit is neither success nor failure
-    STOPPING = "stopping"    # the driver is stopping it
-    FINISHED = "finished"    # exited 0 as a member of the current round
-    FAILED = "failed"        # exited non-zero on its own
-
 
 _serial = itertools.count(1)
 
@@ -36,30 +25,19 @@ def new_worker_id(slot: SlotId) -> str:
 
 
 @dataclass
-class Worker:
+class WorkerProcessRecord:
+    """A process the pool started: its handle, its exit, the last lines of its stderr."""
+
     id: str
     slot: SlotId
-    rank: int
-    process: WorkerProcess | None = None
-    state: WorkerState = WorkerState.RUNNING
+    process: WorkerProcess
     exit_code: int | None = None
-    joined_round: int = 0  # the last round it joined; 0: none yet (it is starting up)
-    synced_round: int = 0  # the last round whose committed state it holds; 0: none
     stderr_tail: deque[str] = field(default_factory=new_tail)
     watcher: asyncio.Task[None] | None = None
 
     @property
     def alive(self) -> bool:
         return self.exit_code is None
-
-
-def describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """Keeps the host list current: polls discovery every interval, or at once when woken.
 
 A webhook push wakes the watcher, so a pushed change takes effect immediately instead of at
-the next poll. After every poll the driver is told, and decides whether the round changes.
+the next poll. Every answer goes to the driver as it is; the round machine decides what it
+means.
 """
 
 from __future__ import annotations
@@ -10,13 +11,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from elasticrun.discovery.base import HostDiscovery, HostSlots
-from elasticrun.discovery.parsing import format_host
 from elasticrun.discovery.webhook import PushableDiscovery
-from elasticrun.driver.hosts import HostRegistry
-from elasticrun.driver.telemetry import Telemetry
+from elasticrun.driver.operate.telemetry import Telemetry
 from elasticrun.errors import DiscoveryError
 
 log = logging.getLogger("elasticrun.driver")
@@ -27,10 +26,8 @@ class PushRefused(Exception):
 
 
 class HostWatcher:
-    def __init__(self, discovery: HostDiscovery, registry: HostRegistry, interval: float,
-                 telemetry: Telemetry) -> None:
+    def __init__(self, discovery: HostDiscovery, interval: float, telemetry: Telemetry) -> None:
         self._discovery = discovery
-        self._registry = registry
         self._interval = interval
         self._telemetry = telemetry
         self._woken = asyncio.Event()
@@ -40,7 +37,7 @@ class HostWatcher:
     def describe(self) -> str:
         return self._discovery.describe()
 
-    async def first_poll(self) -> None:
+    async def first_poll(self) -> HostSlots:
         """The first discovery call; its failure is the job's (one line, before anything runs)."""
         started = time.monotonic()
         try:
@@ -49,9 +46,9 @@ class HostWatcher:
             self._telemetry.discovery_polled(time.monotonic() - started, failed=True)
             raise
         self._telemetry.discovery_polled(time.monotonic() - started, failed=False)
-        self._registry.update(hosts)  # the job_started event lists them
+        return hosts
 
-    async def poll(self) -> None:
+    async def poll(self) -> HostSlots | None:
         """Asks discovery; a failure or hang keeps the last good host list (logged once)."""
         started = time.monotonic()
         try:
@@ -61,55 +58,36 @@ class HostWatcher:
             if str(exc) != self.last_error:
                 log.warning("%s; keeping the last good host list", exc)
                 self.last_error = str(exc)
-            return
+            return None
         self._telemetry.discovery_polled(time.monotonic() - started, failed=False)
         if self.last_error is not None:
             log.info("%s answers again", self._discovery.describe())
             self.last_error = None
-        self._update(hosts)
-
-    def _update(self, hosts: HostSlots) -> None:
-        old = self._registry.discovered
-        if hosts != old:
-            log.info("hosts now: %s", format_hosts(hosts) or "none")
-            self._registry.update(hosts)
-            self._telemetry.hosts_changed(old, hosts)
+        return hosts
 
     def wake(self, poll: bool) -> None:
         """Ends the current wait early; with `poll`, discovery is asked again first."""
         self._poll_due = self._poll_due or poll
         self._woken.set()
 
-    async def wait_and_poll(self, timeout: float) -> None:
-        """Waits up to `timeout` (less if woken), then polls if the interval passed or a
-        push asked for it."""
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._woken.wait(), max(0.0, timeout))
-        woken = self._woken.is_set()
-        self._woken.clear()
-        if not woken or self._poll_due:
-            self._poll_due = False
-            await self.poll()
-
-    async def run(self, after_poll: Callable[[], Awaitable[None]]) -> None:
+    async def run(self, found: Callable[[HostSlots], None]) -> None:
+        """Polls every interval (or at once when woken), passing every answer to `found`."""
         while True:
-            await self.wait_and_poll(self._interval)
-            await after_poll()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._woken.wait(), self._interval)
+            woken = self._woken.is_set()
+            self._woken.clear()
+            if not woken or self._poll_due:
+                self._poll_due = False
+                hosts = await self.poll()
+                if hosts is not None:
+                    found(hosts)
 
     # --- pushes from the host-change webhook ---------------------------------------------
     def push(self, action: str, hosts: HostSlots) -> dict[str, object]:
-        """Applies one push; returns what changed. Raises PushRefused."""
+        """Applies one push to the discovery source (set, add, remove); returns what
+        changed. Raises PushRefused. Draining is the round machine's (a host state)."""
         discovery = self._discovery
-        if action == "drain":
-            unknown = [h for h in hosts if h not in self._registry.discovered]
-            drained = [h for h in hosts if h not in unknown and h not in self._registry.drained]
-            for host in drained:
-                self._registry.drain(host)
-                self._telemetry.host_drained(host)
-                log.warning("host %s drained: its workers leave at the next commit",
-                            format_host(host))
-            self.wake(poll=False)
-            return {"drained": drained, "unknown": unknown}
         if not isinstance(discovery, PushableDiscovery):
             raise PushRefused(
                 f"hosts come from {discovery.describe()}; only 'drain' applies. Start the job "
@@ -119,8 +97,6 @@ class HostWatcher:
             changed: Iterable[str] = hosts
         elif action == "add":
             discovery.add_hosts(hosts)
-            for host in hosts:
-                self._registry.undrain(host)
             changed = hosts
         elif action == "remove":
             changed = discovery.remove_hosts(hosts)
@@ -129,6 +105,3 @@ class HostWatcher:
         self.wake(poll=True)
         return {action if action != "set" else "hosts": list(changed)}
 
-
-def format_hosts(hosts: HostSlots) -> str:
-    return ",".join(f"{format_host(h)}:{n}" for h, n in hosts.items())

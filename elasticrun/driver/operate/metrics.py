@@ -65,11 +65,3 @@ class DriverMetrics:
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
-
-def failure_cause(exit_code: int | None) -> str:
-    """The `cause` label of a worker failure: killed by a signal, or a non-zero exit."""
-    if exit_code is None:
-        return "unknown"
-    if exit_code < 0 or 128 < exit_code < 160:  # local signal, or 128+N from an SSH host
-        return "signal"
-    return "exit_code"

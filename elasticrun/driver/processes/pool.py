@@ -1,0 +1,107 @@
+"""The worker pool: starting, watching and stopping the driver's worker processes.
+
+The pool knows processes, not policy: it reports every exit, and stops what it is told to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from elasticrun import protocol
+from elasticrun.driver.processes.output import OutputRouter
+from elasticrun.driver.processes.records import EnvSettings, WorkerProcessRecord, worker_env
+from elasticrun.driver.rounds.assignment import SlotId
+from elasticrun.protocol import SlotInfo
+from elasticrun.spawn.base import Spawner
+
+log = logging.getLogger("elasticrun.driver")
+
+PUMP_DRAIN_S = 2.0  # after an exit, how long its last output may take to arrive
+
+
+@dataclass(frozen=True)
+class PoolSettings:
+    command: tuple[str, ...]
+    working_dir: Path
+    grace_period: float
+    env_settings: EnvSettings
+    base_env: Mapping[str, str]
+
+
+class WorkerPool:
+    def __init__(
+        self,
+        settings: PoolSettings,
+        spawner_for: Callable[[str], Spawner],
+        address_for: Callable[[str], Awaitable[str]],
+        output: OutputRouter,
+        on_exit: Callable[[str, int], None],
+        rank_of: Callable[[str], int],
+    ) -> None:
+        self._settings = settings
+        self._spawner_for = spawner_for
+        self._address_for = address_for
+        self._output = output
+        self._on_exit = on_exit
+        self._rank_of = rank_of
+        self._processes: dict[str, WorkerProcessRecord] = {}
+        self._stops: set[asyncio.Task[None]] = set()
+
+    def stderr_tail(self, worker_id: str) -> list[str]:
+        record = self._processes.get(worker_id)
+        return list(record.stderr_tail) if record is not None else []
+
+    async def spawn(self, worker_id: str, slot: SlotId, info: SlotInfo,
+                    master: tuple[str, int]) -> None:
+        """Starts a worker; raises SpawnError."""
+        settings = self._settings
+        env = worker_env(settings.base_env, settings.env_settings, worker_id, info, *master)
+        env[protocol.ENV_RENDEZVOUS_ADDR] = await self._address_for(slot.host)
+        process = await self._spawner_for(slot.host).spawn(
+            slot.host, settings.command, env, settings.working_dir)
+        record = WorkerProcessRecord(worker_id, slot, process)
+        self._processes[worker_id] = record
+        record.watcher = asyncio.get_running_loop().create_task(self._watch(record))
+
+    async def _watch(self, record: WorkerProcessRecord) -> None:
+        process = record.process
+        rank = lambda: self._rank_of(record.id)  # noqa: E731 - its rank changes with rounds
+        pumps = [
+            asyncio.create_task(self._output.pump(process.stdout, "stdout", rank)),
+            asyncio.create_task(self._output.pump(process.stderr, "stderr", rank,
+                                                  record.stderr_tail)),
+        ]
+        code = await process.wait()
+        _, pending = await asyncio.wait(pumps, timeout=PUMP_DRAIN_S)
+        for pump in pending:
+            pump.cancel()
+        record.exit_code = code
+        self._on_exit(record.id, code)
+        del self._processes[record.id]  # its tail went with the exit report
+
+    def stop(self, worker_ids: Iterable[str]) -> None:
+        """Stops the given workers (in the background)."""
+        for worker_id in worker_ids:
+            record = self._processes.get(worker_id)
+            if record is None or not record.alive:
+                continue
+            task = asyncio.get_running_loop().create_task(
+                record.process.stop(self._settings.grace_period))
+            self._stops.add(task)
+            task.add_done_callback(self._stops.discard)
+
+    async def stop_all(self) -> None:
+        """Stops every live worker and waits (bounded) for their watchers to finish."""
+        alive = [r for r in self._processes.values() if r.alive]
+        if alive:
+            log.info("stopping %d worker(s)", len(alive))
+        grace = self._settings.grace_period
+        await asyncio.gather(*(r.process.stop(grace) for r in alive), *self._stops,
+                             return_exceptions=True)
+        watchers = [r.watcher for r in self._processes.values() if r.watcher is not None]
+        if watchers:
+            await asyncio.wait(watchers, timeout=grace + 5.0)

@@ -1,0 +1,147 @@
+"""Pure: starting the job and cutting the next round — who is in it, or why there is none.
+
+A cut waits (in named states, with timers) for what it needs: --min-np slots (up to
+--elastic-timeout), and, when no live worker seems to hold the committed state, for sync
+reports still in flight. It refuses, with one message, when the reset limit is spent, when
+every holder of the committed state is lost, or when rounds keep resetting on the same
+failure with no commit in between.
+"""
+
+from __future__ import annotations
+
+from elasticrun.discovery.parsing import format_hosts
+from elasticrun.driver.rounds import growth, joins, planner
+from elasticrun.driver.rounds.assignment import Assignment, SlotId
+from elasticrun.driver.rounds.capacity import shortfall, start_refusal
+from elasticrun.driver.rounds.events import OpenRound, Spawn, TimerKind
+from elasticrun.driver.rounds.state import JobPhase, Round, WorkerRecord
+from elasticrun.driver.rounds.step import Step
+
+# Workers report a completed sync just before a failure can make the driver think that no
+# live worker holds the committed state; their reports get this long to arrive.
+SYNC_REPORT_WAIT_S = 2.0
+# This many rounds in a row ended by a failure that no lost worker explains, with no commit
+# in between: the same failure over and over, and the job stops instead of resetting forever.
+STORM_LIMIT = 10
+
+
+def try_start(step: Step, waited_out: bool) -> None:
+    state, config = step.state, step.config
+    if state.phase is not JobPhase.STARTING:
+        return
+    available = sum(state.hosts.usable(step.now).values())
+    refusal = start_refusal(config, available, state.hosts, waited_out)
+    if refusal is not None:
+        step.fail(refusal)
+    elif available >= config.np or waited_out or not config.dynamic_hosts:
+        state.phase = JobPhase.RECOVERING
+        cut(step)
+
+
+def cut(step: Step) -> None:
+    """Opens the next round if it can be opened now; otherwise waits or fails."""
+    state, config, now = step.state, step.config, step.now
+    if state.phase in (JobPhase.FINISHING, JobPhase.STOPPED, JobPhase.STARTING):
+        return
+    state.cut_at = None
+    state.phase = JobPhase.RECOVERING
+    target = planner.desired(state, config.max_np, now)
+    if len(target) < config.min_np:
+        _short_of_slots(step, len(target))
+        return
+    state.capacity_deadline = None
+    if planner.state_lost(state, now):
+        if state.sync_grace_until is None:
+            state.sync_grace_until = now + SYNC_REPORT_WAIT_S
+            step.timer(TimerKind.SYNC_REPORTS_DUE, state.sync_grace_until)
+        if now < state.sync_grace_until:
+            return
+        step.fail("no worker holding the committed training state is left (every one was "
+                  "lost); a new round would silently start training from scratch, so the job "
+                  "stops. Restart it (from your last disk checkpoint, if you keep one)")
+        return
+    state.sync_grace_until = None
+    number = state.round_number + 1
+    limit = config.reset_limit
+    if number > 1 and limit is not None and number - 1 > limit:
+        step.fail(f"reset limit {limit} reached: another reset was needed")
+        return
+    if _storming(step):
+        return
+    _open(step, number, target)
+
+
+def _short_of_slots(step: Step, slots: int) -> None:
+    state, config, now = step.state, step.config, step.now
+    short = shortfall(config, slots, state.hosts, now)
+    if short.hopeless is not None:
+        step.fail(f"no progress possible: {short.hopeless}")
+        return
+    if state.capacity_deadline is None:
+        state.capacity_deadline = now + config.elastic_timeout
+        step.timer(TimerKind.CAPACITY_DEADLINE, state.capacity_deadline)
+        step.log("warning", f"waiting up to {config.elastic_timeout:g}s (--elastic-timeout) "
+                            f"for {config.min_np} slot(s); {slots} available")
+    elif now >= state.capacity_deadline:
+        step.fail(f"elastic timeout: fewer than --min-np {config.min_np} slots for "
+                  f"{config.elastic_timeout:g}s")
+
+
+def _storming(step: Step) -> bool:
+    """Counts rounds ended by failures that nothing explains; True when the job stops."""
+    state = step.state
+    previous = state.round
+    if previous is None:
+        return False
+    failures = [r for r in state.resets.values() if r.failure]
+    committed = any(r.committed for r in state.resets.values())
+    if not failures or committed or previous.host_failed:
+        state.storm.clear()
+        return False
+    first = failures[0]
+    state.storm.count += 1
+    state.storm.culprits[(first.rank, first.host, first.failure)] += 1
+    if state.storm.count < STORM_LIMIT:
+        return False
+    (rank, host, failure), _ = state.storm.culprits.most_common(1)[0]
+    step.fail(f"rounds keep resetting without progress: {state.storm.count} rounds in a row "
+              f"ended by a failure with no commit in between and no worker lost; rank {rank} "
+              f"on host {host} keeps failing: {failure}")
+    return True
+
+
+def _open(step: Step, number: int, target: Assignment) -> None:
+    state = step.state
+    holders = state.holders()
+    members: dict[SlotId, str] = {}
+    new_slots: list[SlotId] = []
+    for slot in target:
+        holder = holders.get(slot)
+        if holder is not None:
+            members[slot] = holder.id
+        else:
+            members[slot] = step.new_worker_id(slot)
+            new_slots.append(slot)
+    state.round = Round(number, dict(target), members, state.notice_seq, step.now)
+    state.phase = JobPhase.RUNNING
+    state.resets.clear()
+    state.growth.clear()
+    for worker_id in [w.id for w in state.workers.values()
+                      if not w.alive and w.id not in state.round.member_ids]:
+        del state.workers[worker_id]  # gone for good: nothing refers to it any more
+    for worker in state.workers.values():
+        worker.standby = False  # standbys are members now, or have no place
+    for slot in new_slots:
+        worker = WorkerRecord(members[slot], slot, target[slot].rank)
+        state.workers[worker.id] = worker
+    step.emit(OpenRound(number, target, len(new_slots)))
+    step.report("round_opened", number=number, assignment=target)
+    per_host: dict[str, int] = {}
+    for slot in sorted(target, key=lambda s: target[s].rank):
+        per_host[slot.host] = per_host.get(slot.host, 0) + 1
+    new = f" ({len(new_slots)} new worker(s))" if number > 1 and new_slots else ""
+    step.log("info", f"round {number}: world size {len(target)} on {format_hosts(per_host)}{new}")
+    for slot in new_slots:
+        step.emit(Spawn(members[slot], slot, target, standby=False))
+    joins.reevaluate(step)
+    growth.plan(step)

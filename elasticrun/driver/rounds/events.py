@@ -1,0 +1,199 @@
+"""Pure: what the round machine hears (events, timers) and what it asks for (actions).
+
+Events come from the executor's parts (discovery, the worker server, the process pool,
+signals, timers); actions go back to them. Both are plain frozen data, so that a test can
+write "state, event -> actions" as a table.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from elasticrun.discovery.base import HostSlots
+from elasticrun.driver.rounds.assignment import Assignment, SlotId
+from elasticrun.protocol import JoinReply
+
+
+class TimerKind(enum.Enum):
+    START_DEADLINE = "start_deadline"  # --start-timeout: start with what there is, or fail
+    CUT_ROUND = "cut_round"  # failures collected / an unexplained reset waited out
+    CAPACITY_DEADLINE = "capacity_deadline"  # --elastic-timeout while short of --min-np
+    SYNC_REPORTS_DUE = "sync_reports_due"  # sync reports in flight had their chance
+    CHECK_IN = "check_in"  # a member of `round` has not joined within --start-timeout
+    REJOIN = "rejoin"  # a running member of `round` has not rejoined within the rejoin bound
+    HOLD_LEAVING = "hold_leaving"  # leaving workers of `round` stop waiting for it to settle
+    STANDBY_DEADLINE = "standby_deadline"  # standby `worker` has not checked in
+    COOLDOWN_END = "cooldown_end"  # blacklisted `host` may return
+
+
+@dataclass(frozen=True)
+class Timer:
+    kind: TimerKind
+    round: int = 0
+    worker: str = ""
+    host: str = ""
+
+
+# --- events ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class JobStarted:
+    """The driver serves; `hosts` is the first discovery result."""
+
+    hosts: HostSlots
+
+
+@dataclass(frozen=True)
+class HostsFound:
+    """A discovery poll answered (unchanged lists too: standbys may now be needed)."""
+
+    hosts: HostSlots
+
+
+@dataclass(frozen=True)
+class HostsDrained:
+    hosts: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class HostsAdded:
+    """Pushed through the webhook: a drained host listed again is usable again."""
+
+    hosts: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class WorkerStarted:
+    worker: str
+
+
+@dataclass(frozen=True)
+class SpawnFailed:
+    worker: str
+    error: str
+
+
+@dataclass(frozen=True)
+class WorkerExited:
+    worker: str
+    code: int
+
+
+@dataclass(frozen=True)
+class JoinAsked:
+    """A worker asks for its place in a round after `last_round` (long-poll)."""
+
+    worker: str
+    last_round: int
+    failure: str = ""  # why it left its last round ("" : a host change, or its first join)
+    committed: bool = False  # it committed in the round it leaves
+
+
+@dataclass(frozen=True)
+class WorkerSynced:
+    worker: str
+    round: int
+
+
+@dataclass(frozen=True)
+class TimerFired:
+    timer: Timer
+
+
+@dataclass(frozen=True)
+class Interrupted:
+    signal_name: str
+    code: int
+
+
+Event = (JobStarted | HostsFound | HostsDrained | HostsAdded | WorkerStarted | SpawnFailed
+         | WorkerExited | JoinAsked | WorkerSynced | TimerFired | Interrupted)
+
+
+# --- actions ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Spawn:
+    worker: str
+    slot: SlotId
+    assignment: Assignment  # the round it is for (its place, and the torchrun master)
+    standby: bool
+
+
+@dataclass(frozen=True)
+class StopWorkers:
+    workers: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class OpenRound:
+    number: int
+    assignment: Assignment
+    new_workers: int
+
+
+@dataclass(frozen=True)
+class BreakRound:
+    """Members of `number` stop waiting on it: its store keys and notice polls answer now."""
+
+    number: int
+
+
+@dataclass(frozen=True)
+class PostNotice:
+    seq: int
+
+
+@dataclass(frozen=True)
+class AnswerJoin:
+    worker: str
+    reply: JoinReply
+
+
+@dataclass(frozen=True)
+class SetTimer:
+    timer: Timer
+    at: float
+
+
+@dataclass(frozen=True)
+class RecordFailure:
+    """A worker failed: counted, reported, and the first one names the job's root cause."""
+
+    worker: str
+    host: str
+    cause: str
+    kind: str  # signal | exit_code | spawn_error | check_in_timeout
+    rank: int | None = None
+    exit_code: int | None = None
+
+
+@dataclass(frozen=True)
+class Report:
+    """A telemetry call: `Telemetry.<name>(**fields)` (events and metrics)."""
+
+    name: str
+    fields: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Log:
+    level: str  # debug | info | warning
+    message: str
+
+
+@dataclass(frozen=True)
+class Finish:
+    code: int
+
+
+@dataclass(frozen=True)
+class Fail:
+    """The job stops; `message` is its one line (the first failure is appended)."""
+
+    message: str
+
+
+Action = (Spawn | StopWorkers | OpenRound | BreakRound | PostNotice | AnswerJoin | SetTimer
+          | RecordFailure | Report | Log | Finish | Fail)

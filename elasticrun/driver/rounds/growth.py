@@ -1,0 +1,87 @@
+"""Pure: growing while training goes on — the next round's new workers start as standbys.
+
+When the hosts would give a different round, the workers it needs are started at once while
+the current round keeps training. Only when every one of them has checked in is the current
+round told (a notice) to make room at its next commit, so training pauses for the rendezvous
+and the sync, not for the newcomers' interpreter and torch start-up.
+"""
+
+from __future__ import annotations
+
+from elasticrun.driver.rounds import planner
+from elasticrun.driver.rounds.events import PostNotice, Spawn, TimerKind
+from elasticrun.driver.rounds.state import JobPhase, WorkerRecord
+from elasticrun.driver.rounds.step import Step
+
+
+def plan(step: Step) -> None:
+    """Moves towards the round the hosts give now: stops unwanted standbys, starts missing
+    ones, and notifies the current round once all are ready."""
+    state, config = step.state, step.config
+    current = state.round
+    if state.phase is not JobPhase.RUNNING or current is None:
+        return  # a round is being cut: it will take the hosts as they are
+    growth = state.growth
+    target = planner.desired(state, config.max_np, step.now)
+    unwanted = [w for wid in growth.ids if (w := state.workers.get(wid)) is not None
+                and w.slot not in target]
+    step.stop_workers(unwanted)
+    if target == current.assignment or len(target) < config.min_np:
+        if len(target) < config.min_np and target != growth.warned_small:
+            growth.warned_small = target
+            step.log("warning", f"hosts changed, but {len(target)} slot(s) are fewer than "
+                                f"--min-np {config.min_np}; training continues on the "
+                                f"current hosts")
+        growth.target = None
+        return
+    growth.target = target
+    holders = state.holders()
+    missing = [slot for slot in target if slot not in holders]
+    if missing:
+        step.log("info", f"hosts changed: starting {len(missing)} worker(s) for the next "
+                         f"round while training continues")
+    for slot in missing:
+        worker = WorkerRecord(step.new_worker_id(slot), slot, target[slot].rank, standby=True)
+        state.workers[worker.id] = worker
+        growth.ids.add(worker.id)
+        step.emit(Spawn(worker.id, slot, target, standby=True))
+    notify_if_ready(step)
+
+
+def checked_in(step: Step, worker: WorkerRecord) -> None:
+    if worker.checked_in:
+        return
+    worker.checked_in = True
+    if worker.id in step.state.growth.ids:
+        step.state.growth.ready.add(worker.id)
+        notify_if_ready(step)
+
+
+def standby_started(step: Step, worker: WorkerRecord) -> None:
+    step.timer(TimerKind.STANDBY_DEADLINE, step.now + step.config.start_timeout,
+               worker=worker.id)
+
+
+def standby_deadline(step: Step, worker_id: str) -> None:
+    state = step.state
+    worker = state.workers.get(worker_id)
+    if step.stopped or worker is None or not worker.alive \
+            or worker_id not in state.growth.ids or worker_id in state.growth.ready:
+        return
+    cause = (f"a new worker on host {worker.slot.host} did not check in within "
+             f"{step.config.start_timeout:g}s")
+    step.record_failure(worker, cause, "check_in_timeout", rank=None)
+    step.fail_host(worker.slot.host, cause)
+
+
+def notify_if_ready(step: Step) -> None:
+    state = step.state
+    growth = state.growth
+    target = growth.target
+    if target is None or target == growth.notified or not growth.ids <= growth.ready:
+        return
+    growth.notified = target
+    state.notice_seq += 1
+    step.emit(PostNotice(state.notice_seq))
+    step.log("info", f"hosts changed: next round will have world size {len(target)}; "
+                     f"notified workers (notice {state.notice_seq})")

@@ -1,0 +1,213 @@
+"""Pure: the round machine — every decision about rounds, failures and hosts.
+
+`RoundMachine.handle(event, now)` changes the job's state (state.py) and returns the actions
+the driver carries out. No asyncio, no I/O, no clock: time comes in as `now`, timers go out
+as actions and come back as TimerFired events.
+
+    STARTING --enough hosts--> RECOVERING --round cut--> RUNNING
+    RUNNING --host failed / reset asked--> RECOVERING --round cut--> RUNNING
+    RECOVERING --short of --min-np--> (waits, up to --elastic-timeout)
+    RUNNING --a member exited 0--> FINISHING --all members exited 0--> STOPPED
+    any --failure / interrupt / limit--> STOPPED
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from elasticrun.config import DriverConfig
+from elasticrun.discovery.parsing import format_hosts
+from elasticrun.driver.hosts.registry import HostRegistry
+from elasticrun.driver.rounds import cutting, growth, joins
+from elasticrun.driver.rounds.assignment import SlotId
+from elasticrun.driver.rounds.events import (
+    Action,
+    Event,
+    HostsAdded,
+    HostsDrained,
+    HostsFound,
+    Interrupted,
+    JobStarted,
+    JoinAsked,
+    SpawnFailed,
+    StopWorkers,
+    TimerFired,
+    TimerKind,
+    WorkerExited,
+    WorkerStarted,
+    WorkerSynced,
+)
+from elasticrun.driver.rounds.exits import describe_exit, exit_kind
+from elasticrun.driver.rounds.state import JobPhase, JobState, WorkerStatus
+from elasticrun.driver.rounds.step import Step
+
+
+class RoundMachine:
+    def __init__(self, config: DriverConfig, new_worker_id: Callable[[SlotId], str],
+                 rng: random.Random | None = None) -> None:
+        self.config = config
+        self.state = JobState(HostRegistry(config.blacklist_cooldown, rng))
+        self._new_worker_id = new_worker_id
+
+    def handle(self, event: Event, now: float) -> list[Action]:
+        step = Step(self.state, self.config, now, self._new_worker_id)
+        if step.stopped:
+            return []
+        if isinstance(event, JoinAsked):  # the most frequent event first
+            joins.asked(step, event)
+        elif isinstance(event, WorkerSynced):
+            joins.synced(step, event.worker, event.round)
+            if self.state.sync_grace_until is not None:
+                cutting.cut(step)
+        elif isinstance(event, WorkerExited):
+            _worker_exited(step, event)
+        elif isinstance(event, TimerFired):
+            _timer_fired(step, event)
+        elif isinstance(event, (HostsFound, JobStarted)):
+            _hosts_found(step, event)
+        elif isinstance(event, HostsDrained):
+            _hosts_drained(step, event.hosts)
+        elif isinstance(event, HostsAdded):
+            for host in event.hosts:
+                self.state.hosts.undrain(host)
+        elif isinstance(event, WorkerStarted):
+            _worker_started(step, event.worker)
+        elif isinstance(event, SpawnFailed):
+            _spawn_failed(step, event)
+        elif isinstance(event, Interrupted):
+            step.log("warning", f"received {event.signal_name}; stopping the job")
+            step.finish(event.code)
+        return step.actions
+
+
+def _hosts_found(step: Step, event: HostsFound | JobStarted) -> None:
+    state = step.state
+    if isinstance(event, JobStarted):
+        state.hosts.update(event.hosts)
+        step.timer(TimerKind.START_DEADLINE, step.now + step.config.start_timeout)
+    elif event.hosts != state.hosts.discovered:
+        old = state.hosts.discovered
+        step.log("info", f"hosts now: {format_hosts(event.hosts) or 'none'}")
+        state.hosts.update(event.hosts)
+        step.report("hosts_changed", old=old, new=dict(event.hosts))
+    if state.phase is JobPhase.STARTING:
+        cutting.try_start(step, waited_out=False)
+    else:
+        _hosts_changed(step)
+
+
+def _hosts_changed(step: Step) -> None:
+    """The usable hosts may differ: a round waiting for slots retries; otherwise the next
+    round's standbys are prepared."""
+    if step.state.capacity_deadline is not None:
+        cutting.cut(step)
+    else:
+        growth.plan(step)
+
+
+def _hosts_drained(step: Step, hosts: tuple[str, ...]) -> None:
+    registry = step.state.hosts
+    for host in hosts:
+        if host in registry.discovered and host not in registry.drained:
+            registry.drain(host)
+            step.report("host_drained", host=host)
+            step.log("warning", f"host {host} drained: its workers leave at the next commit")
+    _hosts_changed(step)
+
+
+def _worker_started(step: Step, worker_id: str) -> None:
+    worker = step.state.workers.get(worker_id)
+    if worker is None:
+        return
+    worker.started = True
+    if worker.status is WorkerStatus.STOPPING:
+        step.emit(StopWorkers((worker_id,)))  # its host failed while it was being started
+    elif worker.standby:
+        growth.standby_started(step, worker)
+
+
+def _spawn_failed(step: Step, event: SpawnFailed) -> None:
+    worker = step.state.workers.get(event.worker)
+    if worker is None:
+        return
+    worker.alive = False
+    worker.status = WorkerStatus.FAILED
+    _forget(step, worker.id)
+    cause = f"{event.error} (on host {worker.slot.host})"
+    step.record_failure(worker, cause, "spawn_error", rank=None)
+    step.fail_host(worker.slot.host, event.error)
+
+
+def _worker_exited(step: Step, event: WorkerExited) -> None:
+    state = step.state
+    worker = state.workers.get(event.worker)
+    if worker is None or not worker.alive:
+        return
+    worker.alive = False
+    _forget(step, worker.id)
+    code = event.code
+    if worker.status in (WorkerStatus.RELEASED, WorkerStatus.STOPPING):
+        step.log("debug", f"worker {worker.slot} ended after being stopped or released "
+                          f"({describe_exit(code)})")
+        _finish_if_done(step)
+        return
+    if code == 0:
+        worker.status = WorkerStatus.FINISHED
+        if state.is_member(worker.id):
+            state.phase = JobPhase.FINISHING
+        _finish_if_done(step)
+        return
+    worker.status = WorkerStatus.FAILED
+    cause = f"rank {worker.rank} on host {worker.slot.host} {describe_exit(code)}"
+    step.record_failure(worker, cause, exit_kind(code), rank=worker.rank, exit_code=code)
+    if state.phase is JobPhase.FINISHING:
+        step.fail(f"{cause} after other workers had finished")
+        return
+    step.fail_host(worker.slot.host, cause)
+
+
+def _forget(step: Step, worker_id: str) -> None:
+    state = step.state
+    state.waiting_joins.pop(worker_id, None)
+    state.growth.ids.discard(worker_id)
+    state.growth.ready.discard(worker_id)
+
+
+def _finish_if_done(step: Step) -> None:
+    current = step.state.round
+    if current is None or not current.member_ids:
+        return
+    workers = step.state.workers
+    if all((w := workers.get(wid)) is not None and w.status is WorkerStatus.FINISHED
+           for wid in current.member_ids):
+        step.log("info", f"all {len(current.member_ids)} worker(s) of round "
+                         f"{current.number} finished")
+        step.finish(0)
+
+
+def _timer_fired(step: Step, event: TimerFired) -> None:
+    state, timer = step.state, event.timer
+    kind = timer.kind
+    if kind is TimerKind.CUT_ROUND:
+        if state.cut_at is not None and step.now >= state.cut_at:
+            cutting.cut(step)
+    elif kind is TimerKind.START_DEADLINE:
+        cutting.try_start(step, waited_out=True)
+    elif kind is TimerKind.CAPACITY_DEADLINE:
+        if state.capacity_deadline is not None:
+            cutting.cut(step)
+    elif kind is TimerKind.SYNC_REPORTS_DUE:
+        if state.sync_grace_until is not None:
+            cutting.cut(step)
+    elif kind in (TimerKind.CHECK_IN, TimerKind.REJOIN):
+        joins.check_in_expired(step, timer.round, survivors_only=kind is TimerKind.REJOIN)
+    elif kind is TimerKind.HOLD_LEAVING:
+        joins.reevaluate(step)
+    elif kind is TimerKind.STANDBY_DEADLINE:
+        growth.standby_deadline(step, timer.worker)
+    elif kind is TimerKind.COOLDOWN_END:
+        if not state.hosts.is_blacklisted(timer.host, step.now):
+            step.log("info", f"host {timer.host}: blacklist cooldown ended")
+            step.report("host_restored", host=timer.host)
+            _hosts_changed(step)

@@ -1,0 +1,60 @@
+"""Pure: the next round's membership, from the usable hosts and the workers still alive.
+
+Policy lives in assignment.py; this reads what it needs from the job's state: which members
+of the current round survive, and which of them hold the committed training state.
+"""
+
+from __future__ import annotations
+
+from elasticrun.driver.rounds.assignment import (
+    Assignment,
+    SlotId,
+    assign_keeping_state,
+    hosts_in_rank_order,
+    order_hosts,
+)
+from elasticrun.driver.rounds.state import JobState, WorkerRecord, WorkerStatus
+
+
+def desired(state: JobState, max_np: int | None, now: float) -> Assignment:
+    """The round the usable hosts give: hosts in their old order, survivors first. If no
+    member holds the committed state but a leaving worker still does, it is kept."""
+    usable = state.hosts.usable(now)
+    ordered = order_hosts(hosts_in_rank_order(state.assignment), usable)
+    holders = state.holders()
+    alive = survivors(state, now, holders)
+    keepers = alive
+    if state.state_committed:  # once there is state to keep, only its holders can
+        keepers = [slot for slot in alive if holders[slot].synced_round > 0] \
+            or leaving_holders(state, now) or alive
+    return assign_keeping_state([(host, usable[host]) for host in ordered], max_np,
+                                alive, keepers)
+
+
+def survivors(state: JobState, now: float,
+              holders: dict[SlotId, WorkerRecord] | None = None) -> list[SlotId]:
+    """Slots of the current round whose workers are alive, in rank order."""
+    current = state.round
+    if current is None:
+        return []
+    holders = state.holders() if holders is None else holders
+    return [slot for slot, _ in sorted(current.assignment.items(), key=lambda i: i[1].rank)
+            if (holder := holders.get(slot)) is not None
+            and holder.id == current.members[slot]
+            and not state.hosts.is_blacklisted(slot.host, now)]
+
+
+def leaving_holders(state: JobState, now: float) -> list[SlotId]:
+    """Workers not in the current round, waiting to leave, that hold the state."""
+    return [w.slot for w in state.workers.values()
+            if w.alive and w.status is WorkerStatus.RUNNING and w.synced_round > 0
+            and not state.is_member(w.id) and not state.hosts.is_blacklisted(w.slot.host, now)]
+
+
+def state_lost(state: JobState, now: float) -> bool:
+    """Training state was committed, and no live worker holds it any more."""
+    if not state.state_committed:
+        return False
+    holders = state.holders()
+    return not any(holders[slot].synced_round > 0 for slot in survivors(state, now, holders)) \
+        and not leaving_holders(state, now)

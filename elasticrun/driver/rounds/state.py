@@ -1,0 +1,147 @@
+"""Pure: everything the round machine knows about the job, in one object.
+
+The job's phase is stored, not rebuilt from flags; rounds, workers, standbys, reset requests,
+notices and who holds the committed training state all live here, and only the machine
+(machine.py) changes them.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from dataclasses import dataclass, field
+
+from elasticrun.driver.hosts.registry import HostRegistry
+from elasticrun.driver.rounds.assignment import Assignment, SlotId
+
+
+class JobPhase(enum.Enum):
+    STARTING = "starting"      # waiting for enough hosts; no round opened yet
+    RUNNING = "running"        # a round is open (its members may still be joining)
+    RECOVERING = "recovering"  # the next round is being cut (failures, resets, capacity)
+    FINISHING = "finishing"    # a member exited 0: the others are expected to follow
+    STOPPED = "stopped"        # finished, failed or interrupted
+
+
+class WorkerStatus(enum.Enum):
+    RUNNING = "running"      # alive and holding its slot (a member or a standby)
+    RELEASED = "released"    # has no place any more; its exit is neither success nor failure
+    STOPPING = "stopping"    # the driver is stopping it
+    FINISHED = "finished"    # exited 0 as a member of the current round
+    FAILED = "failed"        # exited non-zero on its own, or could not be started
+
+
+@dataclass
+class WorkerRecord:
+    id: str
+    slot: SlotId
+    rank: int
+    standby: bool = False  # started for a round not yet opened
+    status: WorkerStatus = WorkerStatus.RUNNING
+    alive: bool = True
+    started: bool = False  # its process exists
+    joined_round: int = 0  # the last round it joined; 0: none yet (it is starting up)
+    synced_round: int = 0  # the last round whose committed state it holds; 0: none
+    checked_in: bool = False  # a standby that asked to join
+
+
+@dataclass
+class Round:
+    number: int
+    assignment: Assignment
+    members: dict[SlotId, str]  # slot -> worker id holding it
+    notice_seq: int  # the newest host-change notice this round reflects
+    opened_at: float
+    joined: set[str] = field(default_factory=set)
+    synced: set[str] = field(default_factory=set)  # members that reported holding the state
+    complete: bool = False
+    settled: bool = False  # every member reported holding the committed state
+    host_failed: bool = False  # a member's host failed while this round was current
+    # Membership checks in O(1): a round of N joins must not cost O(N^2).
+    member_ids: frozenset[str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.member_ids = frozenset(self.members.values())
+
+    def missing(self) -> list[SlotId]:
+        return [slot for slot, worker in self.members.items() if worker not in self.joined]
+
+
+@dataclass
+class ResetRequest:
+    """A member asked for the next round: why (its failure, or "" for a host change) and
+    whether it committed in the round it leaves."""
+
+    worker_id: str
+    rank: int
+    host: str
+    failure: str
+    committed: bool
+
+
+@dataclass
+class Growth:
+    """The next round, while its new workers start as standbys and the current one trains."""
+
+    target: Assignment | None = None
+    ids: set[str] = field(default_factory=set)
+    ready: set[str] = field(default_factory=set)
+    notified: Assignment | None = None
+    warned_small: Assignment | None = None
+
+    def clear(self) -> None:
+        self.target = self.notified = None
+        self.ids.clear()
+        self.ready.clear()
+
+
+@dataclass
+class Storm:
+    """Rounds that ended one after the other by a failure that no host failure explains,
+    with no commit in between: the same failure over and over."""
+
+    count: int = 0
+    culprits: Counter[tuple[int, str, str]] = field(default_factory=Counter)
+
+    def clear(self) -> None:
+        self.count = 0
+        self.culprits.clear()
+
+
+@dataclass
+class JobState:
+    hosts: HostRegistry
+    phase: JobPhase = JobPhase.STARTING
+    workers: dict[str, WorkerRecord] = field(default_factory=dict)
+    round: Round | None = None
+    cut_at: float | None = None  # when the next round is cut (failures are collected first)
+    capacity_deadline: float | None = None  # --elastic-timeout, while short of --min-np
+    sync_grace_until: float | None = None  # reports of a completed sync may be on their way
+    resets: dict[str, ResetRequest] = field(default_factory=dict)
+    notice_seq: int = 0
+    broken_round: int = 0
+    state_committed: bool = False  # some worker has reported holding training state
+    waiting_joins: dict[str, int] = field(default_factory=dict)  # held join: id -> last round
+    hold_timer_round: int = 0  # the round whose hold-leaving timer is set
+    growth: Growth = field(default_factory=Growth)
+    storm: Storm = field(default_factory=Storm)
+    first_failure: str | None = None
+
+    @property
+    def round_number(self) -> int:
+        return self.round.number if self.round is not None else 0
+
+    @property
+    def assignment(self) -> Assignment:
+        return self.round.assignment if self.round is not None else {}
+
+    def holders(self) -> dict[SlotId, WorkerRecord]:
+        """slot -> the live worker holding it (a member or a standby), in one pass."""
+        return {w.slot: w for w in self.workers.values()
+                if w.alive and w.status is WorkerStatus.RUNNING}
+
+    def is_member(self, worker_id: str) -> bool:
+        return self.round is not None and worker_id in self.round.member_ids
+
+    def live_on(self, host: str) -> list[WorkerRecord]:
+        return [w for w in self.workers.values() if w.alive and w.slot.host == host]

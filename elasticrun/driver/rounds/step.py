@@ -1,0 +1,134 @@
+"""Pure: one step of the round machine — the state, the time, and the actions it collects.
+
+Every decision function takes a Step; the helpers here are the moves they share (fail a
+host, schedule the next cut, answer a join, stop the job).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from elasticrun.config import DriverConfig
+from elasticrun.driver.rounds.assignment import SlotId
+from elasticrun.driver.rounds.events import (
+    Action,
+    AnswerJoin,
+    BreakRound,
+    Fail,
+    Finish,
+    Log,
+    RecordFailure,
+    Report,
+    SetTimer,
+    StopWorkers,
+    Timer,
+    TimerKind,
+)
+from elasticrun.driver.rounds.state import JobPhase, JobState, WorkerRecord, WorkerStatus
+from elasticrun.protocol import JoinReply
+
+# The next round is cut this long after a host fails, so that the exits of the host's other
+# workers (and of other hosts failing at once) arrive first: one reset instead of several.
+FAILURE_COLLECTION_S = 0.05
+
+
+@dataclass
+class Step:
+    state: JobState
+    config: DriverConfig
+    now: float
+    new_worker_id: Callable[[SlotId], str]
+    actions: list[Action] = field(default_factory=list)
+
+    # --- output ------------------------------------------------------------------------
+    def emit(self, action: Action) -> None:
+        self.actions.append(action)
+
+    def log(self, level: str, message: str) -> None:
+        self.actions.append(Log(level, message))
+
+    def report(self, name: str, **fields: Any) -> None:
+        self.actions.append(Report(name, fields))
+
+    def timer(self, kind: TimerKind, at: float, *, round: int = 0, worker: str = "",
+              host: str = "") -> None:
+        self.actions.append(SetTimer(Timer(kind, round=round, worker=worker, host=host), at))
+
+    def answer(self, worker_id: str, reply: JoinReply) -> None:
+        self.state.waiting_joins.pop(worker_id, None)
+        self.actions.append(AnswerJoin(worker_id, reply))
+
+    def record_failure(self, worker: WorkerRecord, cause: str, kind: str, *,
+                       rank: int | None, exit_code: int | None = None) -> None:
+        if self.state.first_failure is None:
+            self.state.first_failure = cause
+        self.emit(RecordFailure(worker.id, worker.slot.host, cause, kind, rank, exit_code))
+
+    # --- the job's end -------------------------------------------------------------------
+    @property
+    def stopped(self) -> bool:
+        return self.state.phase is JobPhase.STOPPED
+
+    def finish(self, code: int) -> None:
+        if not self.stopped:
+            self.state.phase = JobPhase.STOPPED
+            self.emit(Finish(code))
+
+    def fail(self, message: str) -> None:
+        if not self.stopped:
+            self.state.phase = JobPhase.STOPPED
+            self.emit(Fail(message))
+
+    # --- rounds ---------------------------------------------------------------------------
+    def request_cut(self, delay: float) -> None:
+        """The next round is cut after `delay` (or sooner, if already due sooner)."""
+        state = self.state
+        if state.phase in (JobPhase.FINISHING, JobPhase.STOPPED, JobPhase.STARTING):
+            return
+        at = self.now + delay
+        if state.cut_at is None or at < state.cut_at:
+            state.cut_at = at
+            self.timer(TimerKind.CUT_ROUND, at)
+        state.phase = JobPhase.RECOVERING
+
+    def break_round(self, number: int) -> None:
+        if number > self.state.broken_round:
+            self.state.broken_round = number
+            self.emit(BreakRound(number))
+
+    def stop_workers(self, workers: list[WorkerRecord]) -> None:
+        stopping = []
+        for worker in workers:
+            if worker.alive and worker.status in (WorkerStatus.RUNNING, WorkerStatus.RELEASED):
+                worker.status = WorkerStatus.STOPPING
+                self.state.growth.ids.discard(worker.id)
+                self.state.growth.ready.discard(worker.id)
+                stopping.append(worker.id)
+        if stopping:
+            self.emit(StopWorkers(tuple(stopping)))
+
+    def fail_host(self, host: str, cause: str) -> None:
+        """Blacklists `host` and stops its workers. If members of the current round ran
+        there, the round is broken: its members are told, and the next round is cut."""
+        state, now = self.state, self.now
+        if state.hosts.is_blacklisted(host, now):
+            return  # already failed (its other workers report the same cause)
+        entry = state.hosts.blacklist(host, now)
+        cooldown = None if entry.until is None else entry.until - now
+        until = "permanently" if cooldown is None else f"for {cooldown:.1f}s"
+        self.log("warning", f"host {host} failed ({cause}); blacklisted {until}")
+        self.report("host_blacklisted", host=host, cause=cause, cooldown_s=cooldown,
+                    failures=entry.failures)
+        if entry.until is not None:
+            self.timer(TimerKind.COOLDOWN_END, entry.until, host=host)
+        current = state.round
+        breaks = current is None or any(slot.host == host for slot in current.members)
+        self.stop_workers(state.live_on(host))
+        if breaks:
+            if current is not None:
+                current.host_failed = True
+            self.report("round_broken")
+            self.break_round(state.round_number)
+            self.request_cut(FAILURE_COLLECTION_S)

@@ -1,0 +1,88 @@
+"""The driver's HTTP server (aiohttp): its lifecycle, and the routes it serves.
+
+Worker routes (signed with the job secret: signing.py) are the round endpoints
+(rounds_api.py) and the store (kv.py); operator routes bring their own auth. The server
+serves only: every decision is the round machine's, whose state it reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+from aiohttp import web
+
+from elasticrun import protocol
+from elasticrun.driver.rounds.events import Event
+from elasticrun.driver.rounds.state import JobState
+from elasticrun.driver.server.kv import KVEndpoints
+from elasticrun.driver.server.rounds_api import RoundEndpoints
+from elasticrun.driver.server.signing import RequestSigning
+
+SHUTDOWN_TIMEOUT_S = 2.0
+# Every worker of a job connects at once when a round opens: with the usual backlog of 128,
+# a large job overflows the accept queue and the dropped connections retry only after 1 s
+# or more. The kernel caps this at net.core.somaxconn.
+LISTEN_BACKLOG = 4096
+
+
+class WorkerServer:
+    def __init__(self, secret: str, state: JobState, post: Callable[[Event], None]) -> None:
+        self._signing = RequestSigning(secret)
+        self.rounds = RoundEndpoints(state, post)
+        self.kv = KVEndpoints(state)
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+        self.listening: list[str] = []
+
+    # --- what the driver calls for the machine's actions --------------------------------
+    def round_opened(self, number: int) -> None:
+        """The keys of the round before the previous one are no longer needed by anyone."""
+        if number > 2:
+            self.kv.store.delete_prefix(protocol.round_prefix(number - 2))
+
+    def round_broken(self, number: int) -> None:
+        self.kv.store.abandon_prefix(protocol.round_prefix(number))
+        self.rounds.wake()
+
+    # --- lifecycle ------------------------------------------------------------------------
+    async def start(self, host: str | Sequence[str], port: int = 0,
+                    extra_routes: Iterable[web.RouteDef] = ()) -> int:
+        """Serves the worker endpoints, and `extra_routes` (which do their own auth), on
+        one port of each address in `host`."""
+        hosts = [host] if isinstance(host, str) else list(host)
+        app = web.Application(client_max_size=protocol.MAX_BODY_BYTES,
+                              middlewares=[self._signing.middleware])
+        app.router.add_post(protocol.PATH_JOIN, self.rounds.join)
+        app.router.add_post(protocol.PATH_NOTICES, self.rounds.notices)
+        app.router.add_post(protocol.PATH_SYNCED, self.rounds.synced)
+        app.router.add_post(protocol.PATH_KV_PREFIX + "{op}", self.kv.handle)
+        added = app.router.add_routes(list(extra_routes))
+        self._signing.open_resources = {route.resource for route in added}  # with their HEADs
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
+                                     shutdown_timeout=SHUTDOWN_TIMEOUT_S)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, hosts[0], port, reuse_address=True,
+                           backlog=LISTEN_BACKLOG)
+        await site.start()
+        addresses = self._runner.addresses
+        assert addresses, "the driver's server did not bind"
+        self.port = int(addresses[0][1])
+        self.listening = [hosts[0]]
+        for other in hosts[1:]:
+            await self.listen(other)
+        return self.port
+
+    async def listen(self, host: str) -> None:
+        """Also serves on `host` (same port)."""
+        assert self._runner is not None
+        if host not in self.listening:
+            await web.TCPSite(self._runner, host, self.port, reuse_address=True,
+                              backlog=LISTEN_BACKLOG).start()
+            self.listening.append(host)
+
+    async def stop(self) -> None:
+        self.rounds.close()
+        self.kv.store.wake_all()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None

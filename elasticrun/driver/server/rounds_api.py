@@ -1,0 +1,117 @@
+"""The worker endpoints of the round machine: join, notices, synced.
+
+Each request becomes a machine event; answers come from the machine's state, or, for a
+join, from its AnswerJoin action. Long-polls hold the request until the answer exists or
+their bound passes (then the worker asks again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from aiohttp import web
+
+from elasticrun import protocol
+from elasticrun.driver.rounds.events import Event, JoinAsked, WorkerSynced
+from elasticrun.driver.rounds.state import JobState
+from elasticrun.driver.server import payload as p
+from elasticrun.driver.server.signing import PAYLOAD
+
+RETRY = protocol.JoinReply("retry")
+
+
+class RoundEndpoints:
+    def __init__(self, state: JobState, post: Callable[[Event], None]) -> None:
+        self._state = state
+        self._post = post
+        self._joins: dict[str, asyncio.Future[protocol.JoinReply]] = {}
+        self._changes: set[asyncio.Future[bool]] = set()  # notice long-polls, until a change
+        self.closing = False
+
+    def _known(self, worker_id: str) -> bool:
+        worker = self._state.workers.get(worker_id)
+        return worker is not None and worker.alive
+
+    # --- what the driver calls ---------------------------------------------------------
+    def answer_join(self, worker_id: str, reply: protocol.JoinReply) -> None:
+        waiter = self._joins.get(worker_id)
+        if waiter is not None:
+            _settle(waiter, reply)
+
+    def wake(self) -> None:
+        """A notice was posted or a round broke: notice long-polls answer now."""
+        waiters, self._changes = self._changes, set()
+        for waiter in waiters:
+            _settle(waiter, True)
+
+    def close(self) -> None:
+        self.closing = True  # long-polls answer at once instead of holding the shutdown
+        self.wake()
+        for waiter in list(self._joins.values()):
+            _settle(waiter, RETRY)
+
+    # --- endpoints ------------------------------------------------------------------------
+    async def join(self, request: web.Request) -> web.Response:
+        body = request[PAYLOAD]
+        event = JoinAsked(p.field(body, "worker_id", str), p.field(body, "last_round", int),
+                          p.optional(body, "failure", str, "")[:500],
+                          p.flag(body, "committed"))
+        if not self._known(event.worker):
+            return p.error(403, "unknown worker")
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[protocol.JoinReply] = loop.create_future()
+        self._joins[event.worker] = waiter
+        timer = loop.call_later(protocol.MAX_POLL_S, _settle, waiter, RETRY)
+        try:
+            if self.closing:
+                _settle(waiter, RETRY)
+            self._post(event)
+            reply = await waiter
+        finally:
+            timer.cancel()
+            if self._joins.get(event.worker) is waiter:
+                del self._joins[event.worker]
+        return web.json_response(reply.to_json())
+
+    async def synced(self, request: web.Request) -> web.Response:
+        body = request[PAYLOAD]
+        event = WorkerSynced(p.field(body, "worker_id", str), p.field(body, "round", int))
+        if not self._known(event.worker):
+            return p.error(403, "unknown worker")
+        self._post(event)
+        return web.json_response({})
+
+    async def notices(self, request: web.Request) -> web.Response:
+        """Long-polls until a notice newer than `after` exists or round `round` broke."""
+        body = request[PAYLOAD]
+        after = p.field(body, "after", int)
+        watched = p.optional(body, "round", int, 0)
+        deadline = time.monotonic() + p.poll_timeout(body)
+        state = self._state
+        while state.notice_seq <= after and not (0 < watched <= state.broken_round) \
+                and await self._changed(deadline):
+            pass
+        return web.json_response({"seq": state.notice_seq, "broken_round": state.broken_round})
+
+    async def _changed(self, deadline: float) -> bool:
+        """True when woken before `deadline` (time.monotonic()), else False. A future and a
+        timer per wait: asyncio.wait_for costs a task each."""
+        remaining = deadline - time.monotonic()
+        if self.closing or remaining <= 0:
+            return False
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[bool] = loop.create_future()
+        timer = loop.call_later(remaining, _settle, waiter, False)
+        self._changes.add(waiter)
+        try:
+            return await waiter
+        finally:
+            timer.cancel()
+            self._changes.discard(waiter)
+
+
+def _settle(waiter: asyncio.Future, value: object) -> None:  # type: ignore[type-arg]
+    if not waiter.done():
+        waiter.set_result(value)

@@ -1,0 +1,76 @@
+"""The server's gate for worker requests: a signature with the job secret, fresh, not replayed.
+
+Operator routes (the webhook, /status, /metrics) pass through: they do their own auth.
+A request that passes gets its JSON object body as `request[PAYLOAD]`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from elasticrun import protocol
+from elasticrun.driver.server.payload import BadRequest, error
+
+log = logging.getLogger("elasticrun.rendezvous")
+
+PAYLOAD = web.RequestKey("payload", dict)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class RequestSigning:
+    def __init__(self, secret: str) -> None:
+        self._secret = secret
+        self._seen_nonces: OrderedDict[str, float] = OrderedDict()
+        self.open_resources: set[web.AbstractResource | None] = set()  # their own auth
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.match_info.route.resource in self.open_resources:
+            return await handler(request)
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return error(413, "request body too large")
+        except web.RequestPayloadError:
+            return error(400, "unreadable request body")
+        except ConnectionError:  # the worker went away mid-request (it may have died)
+            return error(400, "connection lost")
+        headers = {key: request.headers.get(key, "") for key in (
+            protocol.HEADER_TIMESTAMP, protocol.HEADER_NONCE, protocol.HEADER_SIGNATURE)}
+        now = time.time()
+        reason = protocol.verify_signature(
+            self._secret, request.method, request.path_qs, body, headers, now)
+        if reason is None:
+            reason = self._check_nonce(headers[protocol.HEADER_NONCE], now)
+        if reason is not None:
+            log.debug("refused %s %s from %s: %s", request.method, request.path, request.remote,
+                      reason)
+            return error(401, reason)
+        try:
+            payload = json.loads(body) if body else {}
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            return error(400, "body is not JSON")
+        if not isinstance(payload, dict):
+            return error(400, "body must be a JSON object")
+        request[PAYLOAD] = payload
+        try:
+            return await handler(request)
+        except BadRequest as exc:
+            return error(400, str(exc))
+
+    def _check_nonce(self, nonce: str, now: float) -> str | None:
+        while self._seen_nonces:
+            oldest, expiry = next(iter(self._seen_nonces.items()))
+            if expiry > now:
+                break
+            del self._seen_nonces[oldest]
+        if nonce in self._seen_nonces:
+            return "replayed request"
+        self._seen_nonces[nonce] = now + 2 * protocol.SIGNATURE_WINDOW_S
+        return None

@@ -1,0 +1,379 @@
+"""The round machine as tables: state, event -> actions (no processes, no server, no clock).
+
+Each test names the path it covers; the races that timing constants papered over in the
+old driver are explicit timers here, and are tested as such.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from elasticrun.driver.rounds import events as ev
+from elasticrun.driver.rounds.cutting import STORM_LIMIT, SYNC_REPORT_WAIT_S
+from elasticrun.driver.rounds.joins import REJOIN_SLACK_S, UNEXPLAINED_RESET_WAIT_S
+from elasticrun.driver.rounds.state import JobPhase, WorkerStatus
+from elasticrun.driver.rounds.step import FAILURE_COLLECTION_S
+from tests.unit.machine_sim import Sim, answers, config, of, reports
+
+TWO_HOSTS = {"a": 2, "b": 2}
+
+
+# --- starting -------------------------------------------------------------------------------
+def test_start_with_enough_hosts_opens_round_one_and_spawns_every_slot() -> None:
+    sim = Sim()
+    actions = sim.send(ev.JobStarted(TWO_HOSTS))
+    assert of(ev.OpenRound, actions) == [ev.OpenRound(1, sim.state.assignment, 4)]
+    assert sorted(s.slot.host for s in of(ev.Spawn, actions)) == ["a", "a", "b", "b"]
+    assert sim.state.phase is JobPhase.RUNNING
+
+
+@pytest.mark.parametrize("hosts, waited, expected", [
+    ({"a": 4}, False, "opens"),
+    ({"a": 1}, False, "fails"),           # static hosts: -np 4 cannot be met
+    ({"a": 2}, False, "fails"),           # not elastic below -np without waiting? min_np 2
+])
+def test_start_refusal_for_static_hosts(hosts: dict[str, int], waited: bool,
+                                        expected: str) -> None:
+    sim = Sim(config(min_np=4))
+    actions = sim.send(ev.JobStarted(hosts))
+    assert (of(ev.OpenRound, actions) != []) == (expected == "opens")
+    assert (of(ev.Fail, actions) != []) == (expected == "fails")
+
+
+def test_dynamic_hosts_wait_for_np_then_start_with_min_np_at_the_start_deadline() -> None:
+    sim = Sim(config(discovery_script="hosts.sh"))  # type: ignore[arg-type]
+    assert of(ev.OpenRound, sim.send(ev.JobStarted({"a": 2}))) == []
+    assert sim.state.phase is JobPhase.STARTING
+    assert of(ev.OpenRound, sim.send(ev.HostsFound({"a": 3}))) == []
+    opened = of(ev.OpenRound, sim.advance(30.0))
+    assert [o.number for o in opened] == [1] and len(opened[0].assignment) == 3
+
+
+# --- a worker fails -------------------------------------------------------------------------
+def test_failure_while_running_blacklists_breaks_and_cuts_after_collecting_failures() -> None:
+    sim = Sim()
+    sim.running(TWO_HOSTS)
+    victim = sim.worker_on("b", 1)
+    actions = sim.send(ev.WorkerExited(victim.id, -9))
+    assert of(ev.RecordFailure, actions)[0].cause == "rank 3 on host b was killed by SIGKILL"
+    assert of(ev.BreakRound, actions) == [ev.BreakRound(1)]
+    assert of(ev.StopWorkers, actions) == [ev.StopWorkers((sim.worker_on("b", 0).id,))]
+    assert reports(actions) == ["host_blacklisted", "round_broken"]
+    assert sim.state.phase is JobPhase.RECOVERING
+    # Its host's other worker exits within the collection window: still one round.
+    sim.advance(FAILURE_COLLECTION_S / 2)
+    sim.send(ev.WorkerExited(sim.worker_on("b", 0).id, -15))
+    opened = of(ev.OpenRound, sim.advance(FAILURE_COLLECTION_S))
+    assert [(o.number, len(o.assignment), o.new_workers) for o in opened] == [(2, 2, 0)]
+
+
+def test_failure_during_rendezvous_breaks_the_forming_round() -> None:
+    sim = Sim()
+    sim.running(TWO_HOSTS)
+    sim.send(ev.WorkerExited(sim.worker_on("b", 0).id, 1))
+    sim.advance(1.0)  # round 2 open, nobody joined yet
+    assert sim.state.round_number == 2
+    sim.send(ev.JoinAsked(sim.worker_on("a", 0).id, 1))
+    actions = sim.send(ev.WorkerExited(sim.worker_on("a", 1).id, 1))
+    assert of(ev.BreakRound, actions) == [ev.BreakRound(2)]
+    assert of(ev.Fail, sim.advance(1.0))[0].message.startswith("no progress possible")
+
+
+def test_failure_during_sync_keeps_the_holders_that_reported() -> None:
+    """Round 2 adds host c; b dies before c reports its sync: c's fresh worker must not
+    become rank 0 of round 3."""
+    sim = Sim(config(np=2, max_np=6))
+    sim.running({"a": 1, "b": 1})
+    sim.send(ev.HostsFound({"a": 1, "b": 1, "c": 1}))
+    for spawn in of(ev.Spawn, sim.log):
+        sim.send(ev.WorkerStarted(spawn.worker))
+    # a dies; b survives and holds the state; c is new and has not synced.
+    sim.send(ev.WorkerExited(sim.worker_on("a").id, 1))
+    sim.advance(1.0)
+    assert sim.state.round_number == 2
+    rank0 = min(sim.state.assignment.items(), key=lambda item: item[1].rank)[0]
+    assert rank0.host == "b"
+
+
+def test_a_worker_exit_0_finishes_the_job_when_every_member_has() -> None:
+    sim = Sim()
+    sim.running(TWO_HOSTS)
+    members = sim.members()
+    for worker in members[:-1]:
+        assert of(ev.Finish, sim.send(ev.WorkerExited(worker.id, 0))) == []
+    assert sim.state.phase is JobPhase.FINISHING
+    assert of(ev.Finish, sim.send(ev.WorkerExited(members[-1].id, 0))) == [ev.Finish(0)]
+
+
+def test_a_failure_after_others_finished_fails_the_job() -> None:
+    sim = Sim()
+    sim.running(TWO_HOSTS)
+    members = sim.members()
+    sim.send(ev.WorkerExited(members[0].id, 0))
+    fail = of(ev.Fail, sim.send(ev.WorkerExited(members[1].id, 3)))
+    assert fail and "after other workers had finished" in fail[0].message
+
+
+# --- resets asked by workers ---------------------------------------------------------------
+def test_unexplained_reset_waits_for_the_exit_that_explains_it() -> None:
+    sim = Sim()
+    sim.running(TWO_HOSTS)
+    asker = sim.worker_on("a", 0)
+    sim.send(ev.JoinAsked(asker.id, 1, "WorkersFailedError: connection reset", True))
+    assert sim.state.cut_at == sim.now + UNEXPLAINED_RESET_WAIT_S
+    # The exit arrives within the wait: the cut happens without the failed host.
+    sim.advance(0.1)
+    sim.send(ev.WorkerExited(sim.worker_on("b", 0).id, -9))
+    opened = of(ev.OpenRound, sim.advance(1.0))
+    assert len(opened) == 1 and {s.host for s in opened[0].assignment} == {"a"}
+
+
+def test_reset_asked_by_every_member_cuts_at_once() -> None:
+    sim = Sim()
+    sim.running(TWO_HOSTS)
+    actions = sim.join_all(last_round=1, failure="WorkersFailedError: x", committed=True)
+    assert [t.timer.kind for t in of(ev.SetTimer, actions)][-1] is ev.TimerKind.CUT_ROUND
+    assert sim.state.cut_at == sim.now
+    assert of(ev.OpenRound, sim.advance(0.0))[0].number == 2
+
+
+def test_notice_during_reset_cuts_at_once_and_is_reflected_by_the_new_round() -> None:
+    sim = Sim(config(np=2, max_np=4))
+    sim.running({"a": 2})
+    sim.started(sim.send(ev.HostsFound({"a": 2, "b": 2})))
+    standbys = list(sim.state.growth.ids)
+    for worker in standbys:
+        sim.send(ev.JoinAsked(worker, 0))
+    assert of(ev.PostNotice, sim.log) == [ev.PostNotice(1)]
+    sim.send(ev.JoinAsked(sim.worker_on("a", 0).id, 1))  # its commit saw the notice
+    assert sim.state.cut_at == sim.now  # a host change was announced: expected
+    opened = of(ev.OpenRound, sim.advance(0.0))
+    assert opened[0].new_workers == 0 and len(opened[0].assignment) == 4
+    assert sim.state.round is not None and sim.state.round.notice_seq == 1
+
+
+def test_host_added_during_a_reset_is_taken_by_the_cut() -> None:
+    sim = Sim(config(np=2, max_np=4))
+    sim.running({"a": 1, "b": 1})
+    sim.send(ev.WorkerExited(sim.worker_on("b").id, 1))
+    assert sim.state.phase is JobPhase.RECOVERING
+    # Growth is not planned while a round is being cut: the cut takes the hosts as they are.
+    assert of(ev.Spawn, sim.send(ev.HostsFound({"a": 1, "b": 1, "c": 2}))) == []
+    opened = of(ev.OpenRound, sim.advance(1.0))
+    assert sorted(s.host for s in opened[0].assignment) == ["a", "c", "c"]
+
+
+# --- joining -------------------------------------------------------------------------------
+def test_a_round_completes_when_every_member_joined_and_all_are_answered_run() -> None:
+    sim = Sim()
+    sim.start(TWO_HOSTS)
+    members = sim.members()
+    for worker in members[:-1]:
+        assert answers(sim.send(ev.JoinAsked(worker.id, 0))) == {}
+    last = sim.send(ev.JoinAsked(members[-1].id, 0))
+    assert answers(last) == {w.id: "run" for w in members}
+    assert "round_completed" in reports(last)
+    kinds = [t.timer.kind for t in of(ev.SetTimer, sim.log)]
+    # Survivors rejoin within the collective timeout (10 s) + slack, sooner than the start.
+    assert ev.TimerKind.CHECK_IN in kinds and ev.TimerKind.REJOIN in kinds
+
+
+def test_a_member_that_never_joins_is_failed_at_the_check_in_deadline() -> None:
+    sim = Sim()
+    sim.start(TWO_HOSTS)
+    for worker in sim.members()[:-1]:
+        sim.send(ev.JoinAsked(worker.id, 0))
+    actions = sim.advance(30.0)
+    failure = of(ev.RecordFailure, actions)
+    assert failure and failure[0].kind == "check_in_timeout" and failure[0].host == "b"
+
+
+def test_a_stuck_survivor_is_failed_at_the_rejoin_bound_not_the_start_timeout() -> None:
+    sim = Sim(config(start_timeout=60.0, collective_timeout=5.0))
+    sim.running(TWO_HOSTS)
+    stuck = sim.worker_on("b", 1)
+    for worker in sim.members():
+        if worker.id != stuck.id:
+            sim.send(ev.JoinAsked(worker.id, 1, "WorkersFailedError: timed out"))
+    sim.advance(1.0)  # round 2 opened; the others join it at once
+    for worker in sim.members():
+        if worker.id != stuck.id:
+            sim.send(ev.JoinAsked(worker.id, 1))
+    actions = sim.advance(5.0 + REJOIN_SLACK_S)
+    assert [f.host for f in of(ev.RecordFailure, actions)] == ["b"]
+    assert "within 10s" in of(ev.RecordFailure, actions)[0].cause
+
+
+def test_a_leaving_worker_is_held_until_the_new_round_settles() -> None:
+    sim = Sim(config(np=2, min_np=1))
+    sim.running({"a": 1, "b": 1})
+    leaving = sim.worker_on("b")
+    sim.send(ev.HostsDrained(("b",)))
+    sim.join_all(last_round=1, committed=True)
+    sim.advance(0.0)
+    assert answers(sim.send(ev.JoinAsked(leaving.id, 1))) == {}  # held: last holder?
+    sim.join_all(last_round=1)
+    assert answers(sim.sync_all()) == {leaving.id: "exit"}
+    assert leaving.status is WorkerStatus.RELEASED
+
+
+def test_a_held_leaving_worker_is_released_when_the_hold_ends() -> None:
+    sim = Sim(config(np=2, min_np=1, start_timeout=5.0, collective_timeout=5.0))
+    sim.running({"a": 1, "b": 1})
+    leaving = sim.worker_on("b")
+    sim.send(ev.HostsDrained(("b",)))
+    sim.join_all(last_round=1, committed=True)
+    sim.advance(0.0)
+    sim.send(ev.JoinAsked(leaving.id, 1))
+    assert answers(sim.advance(10.0)) == {leaving.id: "exit"}
+
+
+# --- growth --------------------------------------------------------------------------------
+def test_new_hosts_start_standbys_and_notify_only_when_all_checked_in() -> None:
+    sim = Sim(config(np=2, max_np=4))
+    sim.running({"a": 2})
+    actions = sim.send(ev.HostsFound({"a": 2, "b": 2}))
+    spawns = of(ev.Spawn, actions)
+    assert [s.standby for s in spawns] == [True, True]
+    sim.started(actions)
+    sim.send(ev.JoinAsked(spawns[0].worker, 0))
+    assert of(ev.PostNotice, sim.log) == []
+    assert of(ev.PostNotice, sim.send(ev.JoinAsked(spawns[1].worker, 0))) == [ev.PostNotice(1)]
+
+
+def test_a_standby_that_never_checks_in_fails_its_host() -> None:
+    sim = Sim(config(np=2, max_np=4))
+    sim.running({"a": 2})
+    sim.started(sim.send(ev.HostsFound({"a": 2, "b": 2})))
+    actions = sim.advance(30.0)
+    assert [f.host for f in of(ev.RecordFailure, actions)] == ["b"]
+    assert "did not check in" in of(ev.RecordFailure, actions)[0].cause
+    assert of(ev.BreakRound, actions) == []  # the running round was not on b
+
+
+def test_drain_makes_the_round_leave_at_the_next_commit() -> None:
+    sim = Sim(config(np=2, min_np=1))
+    sim.running({"a": 1, "b": 1})
+    actions = sim.send(ev.HostsDrained(("b",)))
+    assert reports(actions) == ["host_drained"]
+    assert of(ev.PostNotice, actions) == [ev.PostNotice(1)]  # nothing to start: notify now
+
+
+# --- capacity, cooldown, limits ------------------------------------------------------------
+def test_elastic_timeout_when_below_min_np_for_too_long() -> None:
+    sim = Sim(config(discovery_script="hosts.sh", np=2, min_np=2))  # type: ignore[arg-type]
+    sim.running({"a": 1, "b": 1})
+    sim.send(ev.HostsFound({"a": 1, "b": 1}))
+    sim.send(ev.WorkerExited(sim.worker_on("b").id, 1))
+    sim.advance(1.0)
+    assert sim.state.capacity_deadline is not None
+    fail = of(ev.Fail, sim.advance(60.0))
+    assert fail and fail[0].message.startswith("elastic timeout")
+
+
+def test_cooldown_return_ends_the_wait_for_capacity() -> None:
+    sim = Sim(config(np=2, min_np=2, blacklist_cooldown=(2.0, 2.0)))
+    sim.running({"a": 1, "b": 1})
+    sim.send(ev.WorkerExited(sim.worker_on("b").id, 1))
+    assert of(ev.OpenRound, sim.advance(1.0)) == []  # waiting for b to come back
+    actions = sim.advance(2.0)
+    assert "host_restored" in reports(actions)
+    opened = of(ev.OpenRound, actions)
+    assert opened and opened[0].new_workers == 1
+
+
+def test_reset_limit() -> None:
+    sim = Sim(config(reset_limit=0))
+    sim.running(TWO_HOSTS)
+    sim.send(ev.WorkerExited(sim.worker_on("b").id, 1))
+    fail = of(ev.Fail, sim.advance(1.0))
+    assert fail and fail[0].message == "reset limit 0 reached: another reset was needed"
+
+
+def test_state_lost_waits_for_reports_and_is_saved_by_one() -> None:
+    sim = Sim(config(np=2, min_np=1, max_np=4, discovery_script="h"))  # type: ignore[arg-type]
+    sim.running({"a": 1, "b": 1})
+    sim.started(sim.send(ev.HostsFound({"a": 1, "b": 1, "c": 1})))
+    for standby in list(sim.state.growth.ids):
+        sim.send(ev.JoinAsked(standby, 0))
+    sim.join_all(last_round=1, committed=True)
+    sim.advance(0.0)
+    sim.join_all(last_round=1)  # round 2 complete: a, b, c; nobody reported a sync yet
+    c = sim.worker_on("c")
+    sim.send(ev.WorkerExited(sim.worker_on("a").id, 1))
+    sim.send(ev.WorkerExited(sim.worker_on("b").id, 1))
+    sim.advance(1.0)
+    assert sim.state.sync_grace_until is not None  # c may hold it: its report may be late
+    actions = sim.send(ev.WorkerSynced(c.id, 2))
+    assert [o.number for o in of(ev.OpenRound, actions)] == [3]
+
+
+def test_state_lost_for_good_stops_the_job_after_the_report_wait() -> None:
+    sim = Sim(config(np=2, min_np=1, max_np=4, discovery_script="h"))  # type: ignore[arg-type]
+    sim.running({"a": 1, "b": 1})
+    sim.started(sim.send(ev.HostsFound({"a": 1, "b": 1, "c": 1})))
+    for standby in list(sim.state.growth.ids):
+        sim.send(ev.JoinAsked(standby, 0))
+    sim.join_all(last_round=1, committed=True)
+    sim.advance(0.0)
+    sim.join_all(last_round=1)
+    sim.send(ev.WorkerExited(sim.worker_on("a").id, 1))
+    sim.send(ev.WorkerExited(sim.worker_on("b").id, 1))
+    assert of(ev.Fail, sim.advance(1.0)) == []
+    fail = of(ev.Fail, sim.advance(SYNC_REPORT_WAIT_S))
+    assert fail and "no worker holding the committed training state" in fail[0].message
+
+
+def test_a_reset_storm_stops_the_job_naming_the_rank_that_keeps_failing() -> None:
+    sim = Sim()
+    sim.running(TWO_HOSTS)
+    culprit = sim.worker_on("a", 1)
+    for _ in range(STORM_LIMIT):
+        number = sim.state.round_number
+        sim.send(ev.JoinAsked(culprit.id, number, "WorkersFailedError: shape mismatch"))
+        for worker in sim.members():
+            sim.send(ev.JoinAsked(worker.id, number, "WorkersFailedError: reset by peer"))
+        sim.advance(0.0)
+        if sim.state.phase is JobPhase.STOPPED:
+            break
+        sim.join_all(last_round=number)
+    fail = of(ev.Fail, sim.log)
+    assert fail and "rank 1 on host a keeps failing: WorkersFailedError: shape mismatch" \
+        in fail[0].message
+    assert sim.state.round_number == STORM_LIMIT
+
+
+def test_a_commit_between_failures_is_progress_not_a_storm() -> None:
+    sim = Sim()
+    sim.running(TWO_HOSTS)
+    for _ in range(STORM_LIMIT + 2):
+        number = sim.state.round_number
+        sim.join_all(last_round=number, failure="WorkersFailedError: flaky link",
+                     committed=True)
+        sim.advance(0.0)
+        sim.join_all(last_round=number)
+    assert of(ev.Fail, sim.log) == [] and sim.state.round_number == STORM_LIMIT + 3
+
+
+def test_interrupt_stops_and_nothing_is_decided_after() -> None:
+    sim = Sim()
+    sim.running(TWO_HOSTS)
+    assert of(ev.Finish, sim.send(ev.Interrupted("SIGTERM", 143))) == [ev.Finish(143)]
+    assert sim.send(ev.WorkerExited(sim.worker_on("a").id, -15)) == []
+
+
+def test_spawn_failure_fails_the_host() -> None:
+    sim = Sim()
+    actions = sim.send(ev.JobStarted(TWO_HOSTS))
+    b0 = next(s for s in of(ev.Spawn, actions) if s.slot.host == "b")
+    out = sim.send(ev.SpawnFailed(b0.worker, "ssh: connection refused"))
+    assert of(ev.RecordFailure, out)[0].kind == "spawn_error"
+    assert "host_blacklisted" in reports(out)
+
+
+def test_a_worker_started_after_its_host_failed_is_stopped() -> None:
+    sim = Sim()
+    actions = sim.send(ev.JobStarted(TWO_HOSTS))
+    b = [s.worker for s in of(ev.Spawn, actions) if s.slot.host == "b"]
+    sim.send(ev.SpawnFailed(b[0], "boom"))
+    assert of(ev.StopWorkers, sim.send(ev.WorkerStarted(b[1]))) == [ev.StopWorkers((b[1],))]
