@@ -26,11 +26,11 @@ from elasticrun.driver.operate.sinks import (
     Event,
     EventBus,
     JsonLinesSink,
-    WebhookSink,
     redact_url,
     sign_event,
     verify_event,
 )
+from elasticrun.driver.operate.webhook_sink import WebhookSink
 
 KEY = b"0123456789abcdef-webhook-key"
 FAST = (0.01, 0.02)  # backoff for tests

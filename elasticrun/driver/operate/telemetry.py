@@ -12,7 +12,8 @@ from collections.abc import Iterable
 from elasticrun.config import DriverConfig
 from elasticrun.discovery.base import HostSlots
 from elasticrun.driver.operate.metrics import DriverMetrics
-from elasticrun.driver.operate.sinks import EventBus, EventSink, JsonLinesSink, WebhookSink
+from elasticrun.driver.operate.sinks import EventBus, EventSink, JsonLinesSink
+from elasticrun.driver.operate.webhook_sink import WebhookSink
 from elasticrun.driver.rounds.assignment import Assignment
 
 
