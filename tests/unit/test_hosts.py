@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from elasticrun.config import DriverConfig
-from elasticrun.driver.rounds.capacity import Shortfall, shortfall, start_refusal
 from elasticrun.driver.hosts.registry import HostRegistry
+from elasticrun.driver.rounds.capacity import Shortfall, shortfall, start_refusal
 
 T0 = 1000.0
 

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from elasticrun.driver.server.listen import covered, dial_address, listen_addresses, wildcard_warning
+from elasticrun.driver.server.listen import (
+    covered,
+    dial_address,
+    listen_addresses,
+    wildcard_warning,
+)
 
 
 def test_default_listens_on_loopback_and_the_dialed_addresses_only() -> None:

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from elasticrun.driver.rounds.assignment import assign
 from elasticrun.driver.hosts.registry import BlacklistEntry
 from elasticrun.driver.operate.status import JobView, build_status, count_states, host_states
+from elasticrun.driver.rounds.assignment import assign
 from elasticrun.errors import ElasticrunError
 from elasticrun.status_cli import fetch_status, format_status
 
