@@ -1,10 +1,11 @@
 """Rendezvous at scale: N simulated workers against the driver's real rendezvous server.
 
 The server (scripts/rendezvous_server.py, its own process, so the clients' CPU is not in
-its event loop) is the real `Rendezvous` with round 1 open for N registered workers on
-N/8 hosts of 8 slots. The clients are lean: asyncio streams speaking HTTP/1.1 by hand,
-one keep-alive connection per worker, sending the real signed requests (no torch, no aiohttp
-client, whose per-request CPU on a 4096-worker round would outweigh the server's).
+its event loop) is the real `WorkerServer` in front of the real `RoundMachine`, with
+round 1 open for N workers on N/8 hosts of 8 slots. The clients are lean: asyncio streams
+speaking HTTP/1.1 by hand, one keep-alive connection per worker, sending the real signed
+requests (no torch, no aiohttp client, whose per-request CPU on a 4096-worker round would
+outweigh the server's).
 
 round   every worker POSTs its join at once; the server holds each until the last member
         has joined, then all get "run". Time from the first join sent to the last "run"

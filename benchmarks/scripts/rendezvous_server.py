@@ -1,10 +1,14 @@
-"""The driver's real rendezvous server, alone in its process, for benchmarks/rendezvous_scale.py.
+"""The driver's real worker server and round machine, alone in their process, for
+benchmarks/rendezvous_scale.py.
 
-`python rendezvous_server.py N` (the job secret in ELASTICRUN_SECRET): registers N workers
-w0..w{N-1} on N/8 hosts of 8 slots, opens round 1 for all of them (worker wI holds rank I),
-serves on 127.0.0.1 and prints its port. Then, for each line read on stdin, prints the CPU
-seconds it spent since the last one (so the benchmark can tell its phases apart); exits when
-stdin closes. BENCH_PROFILE=FILE writes a cProfile (in CPU time) of the serving.
+`python rendezvous_server.py N` (the job secret in ELASTICRUN_SECRET): seeds the machine's
+state with N workers w0..w{N-1} on N/8 hosts of 8 slots and round 1 open for all of them
+(worker wI holds rank I), serves on 127.0.0.1 and prints its port. Every join goes through
+the real machine (a JoinAsked event, answered by its AnswerJoin action), carried out by a
+minimal executor that acts like the driver's, without processes or telemetry. Then, for
+each line read on stdin, prints the CPU seconds it spent since the last one (so the
+benchmark can tell its phases apart); exits when stdin closes. BENCH_PROFILE=FILE writes a
+cProfile (in CPU time) of the serving.
 """
 
 from __future__ import annotations
@@ -15,43 +19,92 @@ import os
 import resource
 import sys
 import time
+from collections import deque
 
 from elasticrun import protocol
-from elasticrun.driver.assignment import SlotId, assign
-from elasticrun.driver.rendezvous import Rendezvous
+from elasticrun.config import DriverConfig
+from elasticrun.driver.processes.records import new_worker_id
+from elasticrun.driver.rounds import events as ev
+from elasticrun.driver.rounds.assignment import SlotId, assign
+from elasticrun.driver.rounds.machine import RoundMachine
+from elasticrun.driver.rounds.state import JobPhase, Round, WorkerRecord
+from elasticrun.driver.server.app import WorkerServer
 
 SLOTS_PER_HOST = 8
 
 
-class QuietDriver:
-    """The RendezvousListener protocol, doing nothing: only the server is measured."""
+class Executor:
+    """Driver.post and the server-facing part of Driver._act: the machine's joins are
+    answered, rounds opened and broken, notices posted and timers set as the driver does;
+    the rest (spawns, telemetry, logs) is dropped, so only the serving is measured."""
 
-    def barrier_started(self, round_number: int) -> None: ...
+    def __init__(self, workers: int, secret: str) -> None:
+        config = DriverConfig(command=("x",), np=workers, min_np=workers, max_np=None)
+        self.machine = RoundMachine(config, new_worker_id)
+        self.server = WorkerServer(secret, self.machine.state, self.post)
+        self._queue: deque[ev.Event] = deque()
+        self._draining = False
+        self._timers: set[asyncio.TimerHandle] = set()
 
-    def reset_requested(self, worker_id: str, last_round: int) -> None: ...
+    def post(self, event: ev.Event) -> None:
+        self._queue.append(event)
+        if self._draining:
+            return
+        self._draining = True
+        try:
+            while self._queue:
+                for action in self.machine.handle(self._queue.popleft(), time.monotonic()):
+                    self._act(action)
+        finally:
+            self._draining = False
 
-    def worker_released(self, worker_id: str) -> None: ...
+    def _act(self, action: ev.Action) -> None:
+        if isinstance(action, ev.AnswerJoin):
+            self.server.rounds.answer_join(action.worker, action.reply)
+        elif isinstance(action, ev.OpenRound):
+            self.server.round_opened(action.number)
+        elif isinstance(action, ev.BreakRound):
+            self.server.round_broken(action.number)
+        elif isinstance(action, ev.PostNotice):
+            self.server.rounds.wake()
+        elif isinstance(action, ev.SetTimer):
+            fired = ev.TimerFired(action.timer)
 
-    def worker_joined(self, worker_id: str, round_number: int, rank: int) -> None: ...
+            def fire() -> None:
+                self._timers.discard(handle)
+                self.post(fired)
 
-    def standby_ready(self, worker_id: str) -> None: ...
+            handle = asyncio.get_running_loop().call_later(
+                max(0.0, action.at - time.monotonic()), fire)
+            self._timers.add(handle)
 
-    def round_completed(self, round_number: int) -> None: ...
+    def seed(self, workers: int) -> None:
+        """N workers (started) and round 1 open for all of them, as the machine's first cut
+        leaves its state, the hosts discovered; wI holds rank I."""
+        state = self.machine.state
+        hosts = [(f"host{h}", min(SLOTS_PER_HOST, workers - h * SLOTS_PER_HOST))
+                 for h in range(-(-workers // SLOTS_PER_HOST))]
+        assignment = assign(hosts)
+        state.hosts.update(dict(hosts))
+        members: dict[SlotId, str] = {}
+        for slot, info in assignment.items():
+            members[slot] = f"w{info.rank}"
+            state.workers[members[slot]] = WorkerRecord(members[slot], slot, info.rank,
+                                                        started=True)
+        state.round = Round(1, assignment, members, state.notice_seq, time.monotonic())
+        state.phase = JobPhase.RUNNING
+        self.server.round_opened(1)
 
-    def worker_synced(self, worker_id: str, round_number: int) -> None: ...
+    async def stop(self) -> None:
+        for timer in self._timers:
+            timer.cancel()
+        await self.server.stop()
 
 
 async def serve(workers: int, profile: cProfile.Profile | None) -> None:
-    rv = Rendezvous(os.environ[protocol.ENV_SECRET], QuietDriver())
-    hosts = [(f"host{h}", min(SLOTS_PER_HOST, workers - h * SLOTS_PER_HOST))
-             for h in range(-(-workers // SLOTS_PER_HOST))]
-    assignment = assign(hosts)
-    members: dict[SlotId, str] = {}
-    for slot, info in assignment.items():
-        members[slot] = f"w{info.rank}"
-        rv.register_worker(f"w{info.rank}", slot)
-    rv.open_round(1, assignment, members)
-    print(await rv.start("127.0.0.1"), flush=True)
+    executor = Executor(workers, os.environ[protocol.ENV_SECRET])
+    executor.seed(workers)
+    print(await executor.server.start("127.0.0.1"), flush=True)
     if profile is not None:
         profile.enable()
     loop = asyncio.get_running_loop()
@@ -62,7 +115,7 @@ async def serve(workers: int, profile: cProfile.Profile | None) -> None:
         mark = now
     if profile is not None:
         profile.disable()
-    await rv.stop()
+    await executor.stop()
 
 
 def main() -> None:

@@ -17,11 +17,10 @@ import torch
 import torch.distributed as dist
 
 from elasticrun import protocol
-from elasticrun.driver.assignment import SlotId
-from elasticrun.driver.rendezvous import Rendezvous
+from elasticrun.driver.rounds.assignment import SlotId
 from elasticrun.worker.client import DriverClient
 from elasticrun.worker.store import DriverStore
-from tests.fakes import RecordingListener
+from tests.rounds_server import RoundsServer
 
 SECRET = protocol.new_secret()
 WORKER = "tester"  # registered, member of no round: may use keys outside rounds
@@ -44,17 +43,18 @@ class CountingClient(DriverClient):
 
 
 @pytest_asyncio.fixture
-async def rendezvous() -> AsyncIterator[Rendezvous]:
-    rv = Rendezvous(SECRET, RecordingListener())
-    rv.register_worker(WORKER, SlotId("tester-host", 0))
-    rv.port = await rv.start("127.0.0.1")
+async def rendezvous() -> AsyncIterator[RoundsServer]:
+    """The real worker server, in front of a real round machine that knows WORKER."""
+    rv = RoundsServer(SECRET)
+    rv.add_worker(WORKER, SlotId("tester-host", 0))
+    await rv.start()
     try:
         yield rv
     finally:
         await rv.stop()
 
 
-def new_store(rv: Rendezvous, timeout: float = 10.0) -> tuple[DriverStore, CountingClient]:
+def new_store(rv: RoundsServer, timeout: float = 10.0) -> tuple[DriverStore, CountingClient]:
     client = CountingClient(rv.port)
     return DriverStore(client, WORKER, timeout=timeout), client
 
@@ -64,7 +64,7 @@ async def blocking(function: Callable[..., Any], *args: Any) -> Any:
 
 
 async def test_get_right_after_wait_is_answered_from_what_the_wait_fetched(
-        rendezvous: Rendezvous) -> None:
+        rendezvous: RoundsServer) -> None:
     store, client = new_store(rendezvous)
     rendezvous.store.set("a", b"1")
     rendezvous.store.set("b", b"2")
@@ -78,7 +78,7 @@ async def test_get_right_after_wait_is_answered_from_what_the_wait_fetched(
     assert client.requests == {"multi_get": 2}
 
 
-async def test_any_other_call_forgets_what_the_wait_fetched(rendezvous: Rendezvous) -> None:
+async def test_any_other_call_forgets_what_the_wait_fetched(rendezvous: RoundsServer) -> None:
     store, client = new_store(rendezvous)
     rendezvous.store.set("k", b"old")
 
@@ -91,7 +91,7 @@ async def test_any_other_call_forgets_what_the_wait_fetched(rendezvous: Rendezvo
     assert client.requests == {"multi_get": 2, "set": 1}
 
 
-async def test_wait_and_multi_get_long_poll_in_one_request(rendezvous: Rendezvous) -> None:
+async def test_wait_and_multi_get_long_poll_in_one_request(rendezvous: RoundsServer) -> None:
     store, client = new_store(rendezvous)
     pending = asyncio.ensure_future(blocking(store.multi_get, ["x", "y"]))
     await asyncio.sleep(0.2)
@@ -103,7 +103,7 @@ async def test_wait_and_multi_get_long_poll_in_one_request(rendezvous: Rendezvou
     assert client.requests == {"multi_get": 1}
 
 
-async def test_wait_get_and_multi_get_time_out(rendezvous: Rendezvous) -> None:
+async def test_wait_get_and_multi_get_time_out(rendezvous: RoundsServer) -> None:
     store, _ = new_store(rendezvous, timeout=0.3)
     for call, args in ((store.get, ("missing",)), (store.multi_get, (["missing"],)),
                        (store.wait, (["missing"], datetime.timedelta(seconds=0.2)))):
@@ -113,7 +113,7 @@ async def test_wait_get_and_multi_get_time_out(rendezvous: Rendezvous) -> None:
         assert time.monotonic() - started < 3
 
 
-async def test_extended_api_append_multi_set_compare_set(rendezvous: Rendezvous) -> None:
+async def test_extended_api_append_multi_set_compare_set(rendezvous: RoundsServer) -> None:
     store, _ = new_store(rendezvous)
     assert store.has_extended_api()
     prefixed: Any = dist.PrefixStore("p/", store)  # torch's stubs lack these methods
@@ -126,7 +126,7 @@ async def test_extended_api_append_multi_set_compare_set(rendezvous: Rendezvous)
 
 
 async def test_gloo_group_built_through_the_store_makes_one_request_per_peer(
-        rendezvous: Rendezvous) -> None:
+        rendezvous: RoundsServer) -> None:
     """torch's Gloo sets its address, then waits for and gets every rank's (its own too)."""
     size = 3
     stores = [new_store(rendezvous) for _ in range(size)]

@@ -1,7 +1,9 @@
-"""Integration tests of the driver's HTTP server (elasticrun.driver.rendezvous) over real HTTP.
+"""Integration tests of the driver's worker server (elasticrun.driver.server) over real HTTP.
 
-Every test starts a real `Rendezvous` on 127.0.0.1 and talks to it with aiohttp, raw sockets,
-or the workers' blocking `DriverClient`.
+Every test starts a real `WorkerServer` on 127.0.0.1 in front of a real `RoundMachine`
+(tests/rounds_server.py: the executor between them carries out the machine's actions as the
+driver does) and talks to it with aiohttp, raw sockets, or the workers' blocking
+`DriverClient`.
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ from hypothesis import strategies as st
 from yarl import URL
 
 from elasticrun import protocol
-from elasticrun.driver.assignment import SlotId, assign
-from elasticrun.driver.rendezvous import Rendezvous
+from elasticrun.driver.rounds import events as ev
+from elasticrun.driver.rounds.assignment import SlotId, assign
+from elasticrun.driver.rounds.state import WorkerStatus
 from elasticrun.worker.client import DriverClient, RequestRefusedError
-from tests.fakes import RecordingListener
+from tests.rounds_server import RoundsServer
 
 SECRET = protocol.new_secret()
 KV = protocol.PATH_KV_PREFIX
@@ -49,8 +52,7 @@ class Reply:
 
 @dataclass
 class Server:
-    rv: Rendezvous
-    listener: RecordingListener
+    rv: RoundsServer
     port: int
     session: aiohttp.ClientSession
 
@@ -139,13 +141,12 @@ async def raw_status(port: int, request: bytes) -> int:
 
 @pytest_asyncio.fixture
 async def server():
-    listener = RecordingListener()
-    rv = Rendezvous(SECRET, listener)
-    rv.register_worker(TESTER, SlotId("tester-host", 0))
-    port = await rv.start("127.0.0.1")
+    rv = RoundsServer(SECRET)
+    rv.add_worker(TESTER, SlotId("tester-host", 0))
+    port = await rv.start()
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
     try:
-        yield Server(rv, listener, port, session)
+        yield Server(rv, port, session)
     finally:
         await session.close()
         await rv.stop()
@@ -340,7 +341,7 @@ MALFORMED: list[tuple[str, str, bytes, int]] = [
 
 
 async def test_malformed_signed_requests_get_4xx_and_change_nothing(server: Server) -> None:
-    server.rv.register_worker("w0", SlotId("a", 0))
+    server.rv.add_worker("w0", SlotId("a", 0))
     await server.kv("set", key="k", value=b64(b"original"))
     before = dict(server.rv.store._data)
     failures = []
@@ -352,7 +353,7 @@ async def test_malformed_signed_requests_get_4xx_and_change_nothing(server: Serv
             assert "error" in reply.json, label
     assert failures == []
     assert dict(server.rv.store._data) == before
-    assert server.listener.calls == []
+    assert server.rv.events == []  # nothing reached the round machine
     await assert_still_serving(server)
 
 
@@ -477,9 +478,10 @@ async def test_non_ascii_auth_headers(
 
 # --- 3. fuzz ------------------------------------------------------------------------------
 
-REAL_PATHS = [protocol.PATH_JOIN, protocol.PATH_NOTICES, *(KV + op for op in protocol.KV_OPS)]
+REAL_PATHS = [protocol.PATH_JOIN, protocol.PATH_NOTICES, protocol.PATH_SYNCED,
+              *(KV + op for op in protocol.KV_OPS)]
 FIELDS = ["key", "keys", "value", "expected", "desired", "amount", "timeout", "worker_id",
-          "last_round", "after"]
+          "last_round", "after", "round", "failure", "committed"]
 # Header values: printable ASCII only (aiohttp's client refuses CR/LF; non-ASCII auth headers
 # are a known bug, covered by test_non_ascii_auth_headers). Content-Encoding and framing
 # headers are left out: undecodable encodings are a known bug (see above), and a wrong
@@ -530,6 +532,7 @@ plausible_objects = st.fixed_dictionaries({}, optional={
     "worker_id": st.sampled_from(["w0", "nobody"]),
     "last_round": st.integers(-1, 3),
     "after": st.integers(-1, 3),
+    "round": st.integers(-1, 3),
 })
 bodies = st.one_of(
     st.binary(max_size=300),
@@ -723,6 +726,30 @@ async def test_notices_long_poll(server: Server) -> None:
     assert time.monotonic() - started < 2.0
 
 
+async def test_notices_posted_by_the_machine_wake_the_long_poll(server: Server) -> None:
+    """Growth: once every standby of the next round has checked in (through its join), the
+    machine posts a notice, and the current round's notice long-poll answers at once."""
+    slots = {SlotId("a", 0): "w0", SlotId("a", 1): "w1"}
+    for slot, worker in slots.items():
+        server.rv.add_worker(worker, slot)
+    server.rv.open_round(1, assign([("a", 2)]), slots)
+    # Discovery now lists host b too: the machine starts its worker as a standby.
+    server.rv.post(ev.HostsFound({"a": 2, "b": 1}))
+    [spawn] = server.rv.of(ev.Spawn)
+    assert spawn.standby and spawn.slot == SlotId("b", 0)
+    server.rv.post(ev.WorkerStarted(spawn.worker))
+    waiter = asyncio.create_task(server.signed(protocol.PATH_NOTICES, {"after": 0, "timeout": 10}))
+    standby = asyncio.create_task(
+        server.signed(protocol.PATH_JOIN, {"worker_id": spawn.worker, "last_round": 0}))
+    try:
+        reply = await asyncio.wait_for(waiter, 5)
+        assert reply.json == {"seq": 1, "broken_round": 0}
+        assert [a.seq for a in server.rv.of(ev.PostNotice)] == [1]
+        assert server.rv.worker(spawn.worker).checked_in
+        assert not standby.done()  # it waits for the next round
+    finally:
+        standby.cancel()
+
 
 async def test_long_polls_end_at_their_deadline_and_leave_no_waiter_behind(
         server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -731,23 +758,29 @@ async def test_long_polls_end_at_their_deadline_and_leave_no_waiter_behind(
     reply = await server.signed(protocol.PATH_NOTICES, {"after": 0, "timeout": 0.3})
     assert reply.json == {"seq": 0, "broken_round": 0}
     assert 0.25 <= time.monotonic() - started < 2.0
-    assert not server.rv._waiters
+    assert not server.rv.rounds._changes
     waiter = asyncio.create_task(server.signed(protocol.PATH_NOTICES, {"after": 0, "timeout": 10}))
-    await eventually(lambda: len(server.rv._waiters) == 1)
+    await eventually(lambda: len(server.rv.rounds._changes) == 1)
     server.rv.post_notice()
     assert (await asyncio.wait_for(waiter, 5)).json == {"seq": 1, "broken_round": 0}
-    assert not server.rv._waiters
+    assert not server.rv.rounds._changes
     monkeypatch.setattr(protocol, "MAX_POLL_S", 0.3)  # a join held past it answers "retry"
     _open_two_slot_round(server.rv)
+    started = time.monotonic()
     reply = await server.signed(protocol.PATH_JOIN, {"worker_id": "w0", "last_round": 0})
     assert reply.json["action"] == "retry"
-    assert not server.rv._waiters
+    assert 0.25 <= time.monotonic() - started < 2.0
+    assert not server.rv.rounds._changes and not server.rv.rounds._joins
+
 
 async def test_broken_round_releases_watchers_and_store_waiters(server: Server) -> None:
-    """When the driver marks a round broken, its members stop waiting on it at once."""
+    """When a member's host fails, the machine breaks its round: the members stop waiting on
+    it at once, and the next round (without the failed host) is cut."""
     key = protocol.round_prefix(3) + "gloo/rank1"
-    tester_slot = SlotId("tester-host", 0)
-    server.rv.open_round(3, assign([("tester-host", 1)]), {tester_slot: TESTER})
+    tester_slot, lost = SlotId("tester-host", 0), SlotId("b", 0)
+    server.rv.add_worker("lost", lost)
+    server.rv.open_round(3, assign([("tester-host", 1), ("b", 1)]),
+                         {tester_slot: TESTER, lost: "lost"})
     watcher = asyncio.create_task(
         server.signed(protocol.PATH_NOTICES, {"after": 0, "round": 3, "timeout": 20}))
     getter = asyncio.create_task(server.signed(KV + "get", {"key": key, "timeout": 20}))
@@ -756,15 +789,18 @@ async def test_broken_round_releases_watchers_and_store_waiters(server: Server) 
     await asyncio.sleep(0.3)
     assert not watcher.done() and not getter.done()
     started = time.monotonic()
-    server.rv.mark_broken(3)
+    server.rv.post(ev.WorkerExited("lost", 1))  # its process died: the pool's event
+    assert server.rv.of(ev.BreakRound) == [ev.BreakRound(3)]
     assert (await asyncio.wait_for(watcher, 5)).json == {"seq": 0, "broken_round": 3}
     assert (await asyncio.wait_for(getter, 5)).status == 410
     assert time.monotonic() - started < 1.0
     # A watcher of a later round is not woken by round 3 breaking.
     assert (await asyncio.wait_for(other_round, 5)).json == {"seq": 0, "broken_round": 3}
     assert time.monotonic() - started >= 0.5
-    # The next round's keys work.
-    server.rv.open_round(4, assign([("tester-host", 1)]), {tester_slot: TESTER})
+    # The machine cut round 4 without host b; its keys work.
+    await eventually(lambda: server.rv.state.round_number == 4)
+    assert server.rv.current.member_ids == {TESTER}
+    assert [a.number for a in server.rv.of(ev.OpenRound)] == [4]
     await server.kv("set", key=protocol.round_prefix(4) + "x", value=b64(b"v"))
     assert (await server.kv("get", key=protocol.round_prefix(4) + "x", timeout=1))["value"]
 
@@ -798,20 +834,29 @@ async def test_driver_client_kv_and_refusals(server: Server) -> None:
 # --- 5. join protocol ---------------------------------------------------------------------
 
 
-def _open_two_slot_round(rv: Rendezvous, number: int = 1) -> None:
-    rv.register_worker("w0", SlotId("a", 0))
-    rv.register_worker("w1", SlotId("a", 1))
+def _open_two_slot_round(rv: RoundsServer, number: int = 1) -> None:
+    rv.add_worker("w0", SlotId("a", 0))
+    rv.add_worker("w1", SlotId("a", 1))
     rv.open_round(number, assign([("a", 2)]), {SlotId("a", 0): "w0", SlotId("a", 1): "w1"})
+
+
+def _join(server: Server, worker: str, last_round: int = 0, **fields: Any) -> asyncio.Task[Reply]:
+    return asyncio.create_task(server.signed(
+        protocol.PATH_JOIN, {"worker_id": worker, "last_round": last_round, **fields}))
+
+
+def _check_in_timers(server: Server) -> list[int]:
+    """The rounds whose barrier started: the machine's check-in deadline is set then."""
+    return [timer.round for timer in server.rv.timers(ev.TimerKind.CHECK_IN)]
 
 
 async def test_join_barrier_and_ranks(server: Server) -> None:
     _open_two_slot_round(server.rv)
-    first = asyncio.create_task(
-        server.signed(protocol.PATH_JOIN, {"worker_id": "w1", "last_round": 0}))
-    await eventually(lambda: server.listener.named("barrier_started") == [(1,)])
+    first = _join(server, "w1")
+    await eventually(lambda: _check_in_timers(server) == [1])
     await asyncio.sleep(0.3)
     assert not first.done(), "first join returned before the second worker joined"
-    assert server.listener.named("worker_joined") == []
+    assert server.rv.answers() == []
     second = await server.signed(protocol.PATH_JOIN, {"worker_id": "w0", "last_round": 0})
     first_reply = await asyncio.wait_for(first, 5)
     assert first_reply.status == second.status == 200
@@ -822,9 +867,12 @@ async def test_join_barrier_and_ranks(server: Server) -> None:
                           "local_size": 2, "cross_rank": 0, "cross_size": 1}
     assert r1["slot"]["rank"] == 1 and r1["slot"]["local_rank"] == 1
     assert r1["slot"]["size"] == 2
-    assert sorted(server.listener.named("worker_joined")) == [("w0", 1, 0), ("w1", 1, 1)]
-    assert server.listener.named("barrier_started") == [(1,)]
-    assert server.rv.current_round is not None and server.rv.current_round.complete
+    assert sorted((worker, reply.round, reply.slot.rank if reply.slot else None)
+                  for worker, reply in server.rv.answers("run")) == [("w0", 1, 0), ("w1", 1, 1)]
+    assert _check_in_timers(server) == [1]
+    assert server.rv.reports("round_completed") == [{"number": 1}]
+    assert server.rv.current.complete
+    assert [server.rv.worker(w).joined_round for w in ("w0", "w1")] == [1, 1]
 
 
 async def test_join_through_driver_client(server: Server) -> None:
@@ -834,7 +882,7 @@ async def test_join_through_driver_client(server: Server) -> None:
     try:
         first = asyncio.create_task(asyncio.to_thread(
             clients[0].call, protocol.PATH_JOIN, {"worker_id": "w0", "last_round": 0}, 30.0))
-        await eventually(lambda: server.listener.named("barrier_started") == [(1,)])
+        await eventually(lambda: _check_in_timers(server) == [1])
         await asyncio.sleep(0.2)
         assert not first.done()
         second = await asyncio.to_thread(
@@ -853,64 +901,123 @@ async def test_join_unknown_worker_is_403(server: Server) -> None:
     _open_two_slot_round(server.rv)
     reply = await server.signed(protocol.PATH_JOIN, {"worker_id": "stranger", "last_round": 0})
     assert reply.status == 403
-    assert server.listener.calls == []
-    assert server.rv.current_round is not None and server.rv.current_round.joined == set()
+    assert server.rv.events == [] and server.rv.actions == []
+    assert server.rv.current.joined == set()
+
+
+async def test_join_of_a_dead_worker_is_403(server: Server) -> None:
+    """A worker whose process the driver saw end is no longer known."""
+    _open_two_slot_round(server.rv)
+    server.rv.post(ev.WorkerExited("w0", 0))
+    reply = await server.signed(protocol.PATH_JOIN, {"worker_id": "w0", "last_round": 0})
+    assert reply.status == 403
+    assert server.rv.of(ev.JoinAsked) == []
+    assert server.rv.current.joined == set()
 
 
 async def test_join_unsigned_has_no_effect(server: Server) -> None:
     _open_two_slot_round(server.rv)
     body = json.dumps({"worker_id": "w0", "last_round": 0}).encode()
     assert (await server.send("POST", protocol.PATH_JOIN, body)).status == 401
-    assert server.listener.calls == []
-    assert server.rv.current_round is not None and server.rv.current_round.joined == set()
+    assert server.rv.events == [] and server.rv.actions == []
+    assert server.rv.current.joined == set()
 
 
 async def test_join_worker_without_place_gets_exit(server: Server) -> None:
     """It is held (a last copy of the state) until the round settles, then let go."""
     _open_two_slot_round(server.rv)
-    server.rv.register_worker("w2", SlotId("b", 0))
-    pending = asyncio.create_task(
-        server.signed(protocol.PATH_JOIN, {"worker_id": "w2", "last_round": 0}))
+    server.rv.add_worker("w2", SlotId("b", 0))
+    pending = _join(server, "w2")
+    members = [_join(server, "w0"), _join(server, "w1")]
+    assert {r.json["action"] for r in await asyncio.wait_for(asyncio.gather(*members), 5)} \
+        == {"run"}
     await asyncio.sleep(0.3)
-    assert not pending.done() and server.listener.named("worker_released") == []
-    server.rv.mark_settled(1)
+    assert not pending.done()
+    assert server.rv.worker("w2").status is WorkerStatus.RUNNING
+    assert [t.round for t in server.rv.timers(ev.TimerKind.HOLD_LEAVING)] == [1]
+    # Both members report holding the committed state: the round settles.
+    for worker in ("w0", "w1"):
+        reply = await server.signed(protocol.PATH_SYNCED, {"worker_id": worker, "round": 1})
+        assert reply.status == 200
+        if worker == "w0":
+            await asyncio.sleep(0.2)
+            assert not pending.done(), "released before every member reported its sync"
     reply = await asyncio.wait_for(pending, 5)
     assert reply.status == 200
     assert reply.json["action"] == "exit"
     assert reply.json["round"] == 1
     assert reply.json["slot"] is None
-    assert server.listener.named("worker_released") == [("w2",)]
+    assert server.rv.current.settled
+    assert server.rv.worker("w2").status is WorkerStatus.RELEASED
+    assert len(server.rv.logs("has no place")) == 1
+    assert [w for w, _ in server.rv.answers("exit")] == ["w2"]
+
+
+async def test_join_worker_without_place_is_let_go_after_the_hold(server: Server) -> None:
+    """An unsettled round holds a worker without a place for at most start_timeout +
+    collective_timeout after it opened; then the machine's timer lets it go."""
+    _open_two_slot_round(server.rv)
+    server.rv.current.opened_at -= 59.5  # the hold (30 s + 30 s) ends in half a second
+    server.rv.add_worker("w2", SlotId("b", 0))
+    started = time.monotonic()
+    reply = await asyncio.wait_for(_join(server, "w2"), 5)
+    assert 0.3 <= time.monotonic() - started < 3.0
+    assert reply.json["action"] == "exit"
+    assert not server.rv.current.settled
+    assert server.rv.worker("w2").status is WorkerStatus.RELEASED
 
 
 async def test_join_with_current_round_requests_reset(server: Server) -> None:
-    server.rv.register_worker("w0", SlotId("a", 0))
-    server.rv.open_round(1, assign([("a", 1)]), {SlotId("a", 0): "w0"})
+    """A member that asks for a round after the current one asks for a reset; once every
+    member asked, the machine cuts the next round, and their waiting joins return."""
+    _open_two_slot_round(server.rv)
+    joined = await asyncio.gather(_join(server, "w0"), _join(server, "w1"))
+    assert [r.json["round"] for r in joined] == [1, 1]
     started = time.monotonic()
-    pending = asyncio.create_task(
-        server.signed(protocol.PATH_JOIN, {"worker_id": "w0", "last_round": 1}))
-    await eventually(lambda: server.listener.named("reset_requested") == [("w0", 1)])
+    pending = _join(server, "w0", last_round=1, failure="peer w1 timed out")
+    await eventually(lambda: "w0" in server.rv.state.resets)
+    assert server.rv.state.resets["w0"].failure == "peer w1 timed out"
     await asyncio.sleep(0.2)
     assert not pending.done(), "a worker already in round 1 must wait for a newer round"
-    # The driver reacts by opening round 2; the waiting join then returns right away.
-    server.rv.open_round(2, assign([("a", 1)]), {SlotId("a", 0): "w0"})
+    other = await server.signed(protocol.PATH_JOIN, {"worker_id": "w1", "last_round": 1})
     reply = await asyncio.wait_for(pending, 5)
-    assert reply.status == 200
+    assert reply.status == other.status == 200
     assert (reply.json["action"], reply.json["round"]) == ("run", 2)
-    assert reply.json["slot"]["rank"] == 0
+    assert (other.json["action"], other.json["round"]) == ("run", 2)
+    assert [reply.json["slot"]["rank"], other.json["slot"]["rank"]] == [0, 1]
     assert time.monotonic() - started < 5.0
-    assert server.listener.named("reset_requested") == [("w0", 1)]
+    assert [a.number for a in server.rv.of(ev.OpenRound)] == [2]
+    assert server.rv.current.member_ids == {"w0", "w1"}
+    assert server.rv.reports("round_completed") == [{"number": 1}, {"number": 2}]
 
 
-async def test_join_with_future_round_requests_reset(server: Server) -> None:
-    server.rv.register_worker("w0", SlotId("a", 0))
+async def test_join_with_future_round_requests_reset(server: Server,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    server.rv.add_worker("w0", SlotId("a", 0))
     server.rv.open_round(1, assign([("a", 1)]), {SlotId("a", 0): "w0"})
-    pending = asyncio.create_task(
-        server.signed(protocol.PATH_JOIN, {"worker_id": "w0", "last_round": 7}))
-    await eventually(lambda: server.listener.named("reset_requested") == [("w0", 7)])
-    server.rv.forget_worker("w0")
-    server.rv.open_round(2, assign([]), {})
+    monkeypatch.setattr(protocol, "MAX_POLL_S", 1.0)
+    pending = _join(server, "w0", last_round=7)
+    # Its reset is the only one needed: the machine cuts round 2 at once...
+    await eventually(lambda: server.rv.state.round_number == 2)
+    assert [a.number for a in server.rv.of(ev.OpenRound)] == [2]
+    # ...which is still not after round 7: the join stays held until its bound.
     reply = await asyncio.wait_for(pending, 5)
-    assert reply.json["action"] == "exit"
+    assert reply.json["action"] == "retry"
+    assert server.rv.answers() == []
+    assert server.rv.current.joined == set()
+
+
+async def test_released_worker_asking_again_gets_exit_again(server: Server) -> None:
+    """A released worker that asks again (its exit is still on its way) is told to exit
+    again, and is released only once."""
+    _open_two_slot_round(server.rv)
+    server.rv.add_worker("w2", SlotId("b", 0))
+    server.rv.current.settled = True
+    first = await asyncio.wait_for(_join(server, "w2"), 5)
+    assert first.json["action"] == "exit"
+    again = await asyncio.wait_for(_join(server, "w2"), 5)
+    assert (again.json["action"], again.json["round"]) == ("exit", 1)
+    assert len(server.rv.logs("has no place")) == 1  # released once
 
 
 # --- 6. many waiters do not starve real work ----------------------------------------------
@@ -946,8 +1053,8 @@ async def test_a_rounds_keys_are_its_members_only(server: Server) -> None:
     """A worker of another round (late, released, or not yet a member) cannot read or
     change a round's keys; an unknown worker cannot use the store at all."""
     a, b = SlotId("a", 0), SlotId("b", 0)
-    server.rv.register_worker("wa", a)
-    server.rv.register_worker("wb", b)
+    server.rv.add_worker("wa", a)
+    server.rv.add_worker("wb", b)
     server.rv.open_round(1, assign([("a", 1), ("b", 1)]), {a: "wa", b: "wb"})
     key1 = protocol.round_prefix(1) + "k"
     await server.kv("set", worker="wa", key=key1, value=b64(b"1"))
@@ -984,7 +1091,7 @@ async def test_crowds_of_idle_slow_and_waiting_clients_do_not_starve_workers(
     try:
         slots = {SlotId("a", 0): "w0", SlotId("a", 1): "w1"}
         for slot, worker in slots.items():
-            server.rv.register_worker(worker, slot)
+            server.rv.add_worker(worker, slot)
         server.rv.open_round(1, assign([("a", 2)]), slots)
         clients = [DriverClient("127.0.0.1", server.port, SECRET, unreachable_timeout=5)
                    for _ in slots.values()]
@@ -1015,15 +1122,21 @@ async def test_crowds_of_idle_slow_and_waiting_clients_do_not_starve_workers(
 
 
 async def test_sync_reports_reach_the_driver(server: Server) -> None:
-    server.rv.register_worker("w0", SlotId("a", 0))
+    server.rv.add_worker("w0", SlotId("a", 0))
     reply = await server.signed(protocol.PATH_SYNCED, {"worker_id": "w0", "round": 3})
     assert reply.status == 200
-    assert server.listener.named("worker_synced") == [("w0", 3)]
+    assert server.rv.events == [ev.WorkerSynced("w0", 3)]
+    assert server.rv.worker("w0").synced_round == 3
+    assert server.rv.state.state_committed
     reply = await server.signed(protocol.PATH_SYNCED, {"worker_id": "nobody", "round": 3})
     assert reply.status == 403
     assert (await server.send("POST", protocol.PATH_SYNCED,
                               b'{"worker_id": "w0", "round": 4}')).status == 401
-    assert server.listener.named("worker_synced") == [("w0", 3)]
+    for bad in (b'{"worker_id": "w0"}', b'{"worker_id": "w0", "round": "4"}',
+                b'{"worker_id": 0, "round": 4}', b'{"worker_id": "w0", "round": true}'):
+        assert (await server.signed(protocol.PATH_SYNCED, body=bad)).status == 400, bad
+    assert server.rv.events == [ev.WorkerSynced("w0", 3)]
+    assert server.rv.worker("w0").synced_round == 3
 
 
 # --- 7. rounds of many workers --------------------------------------------------------------
@@ -1034,34 +1147,55 @@ async def test_round_completes_exactly_when_its_last_member_joins(server: Server
     round completes once, when the last distinct member joins, and not a join earlier."""
     slots = {SlotId(host, i): f"{host}{i}" for host in "ab" for i in range(2)}
     for slot, worker in slots.items():
-        server.rv.register_worker(worker, slot)
+        server.rv.add_worker(worker, slot)
     server.rv.open_round(1, assign([("a", 2), ("b", 2)]), slots)
-    server.rv.register_worker("standby", SlotId("c", 0), standby=True)  # for a later round
+    server.rv.add_worker("standby", SlotId("c", 0), standby=True)  # for a later round
 
     def join(worker: str) -> asyncio.Task[Reply]:
         return asyncio.create_task(
             server.signed(protocol.PATH_JOIN, {"worker_id": worker, "last_round": 0}))
 
-    early = [join(w) for w in ("a0", "a1", "b0", "a0", "a1")]
+    early = [join(w) for w in ("a0", "a1", "b0")]
     standby = join("standby")
     try:
-        await eventually(lambda: len(server.listener.named("standby_ready")) == 1)
-        await eventually(lambda: server.rv.current_round is not None
-                         and server.rv.current_round.joined == {"a0", "a1", "b0"})
-        await asyncio.sleep(0.3)  # every early join has been seen, twice for a0 and a1
-        assert server.listener.named("round_completed") == []
-        assert not server.rv.current_round.complete
-        assert not any(task.done() for task in early)
+        await eventually(lambda: server.rv.worker("standby").checked_in)
+        await eventually(lambda: server.rv.current.joined == {"a0", "a1", "b0"})
+        again = [join(w) for w in ("a0", "a1")]  # asked again (the first asks superseded)
+        await eventually(lambda: len(server.rv.of(ev.JoinAsked)) == 6)
+        await asyncio.sleep(0.3)
+        assert server.rv.reports("round_completed") == []
+        assert not server.rv.current.complete
+        assert not any(task.done() for task in again)
         last = await server.signed(protocol.PATH_JOIN, {"worker_id": "b1", "last_round": 0})
-        replies = [r.json for r in await asyncio.wait_for(asyncio.gather(*early), 5)]
+        replies = [r.json for r in await asyncio.wait_for(asyncio.gather(early[2], *again), 5)]
         replies.append(last.json)
     finally:
         standby.cancel()
+        for task in early:
+            task.cancel()
     assert all((r["action"], r["round"]) == ("run", 1) for r in replies)
-    assert [r["slot"]["rank"] for r in replies] == [0, 1, 2, 0, 1, 3]
-    assert server.listener.named("round_completed") == [(1,)]
-    assert server.listener.named("barrier_started") == [(1,)]
-    assert server.rv.current_round.complete
+    assert [r["slot"]["rank"] for r in replies] == [2, 0, 1, 3]
+    assert server.rv.reports("round_completed") == [{"number": 1}]
+    assert _check_in_timers(server) == [1]
+    assert server.rv.current.complete
+    assert "standby" not in [worker for worker, _ in server.rv.answers()]  # waits on
+
+
+async def test_a_superseded_join_is_answered_too(server: Server) -> None:
+    """A join asked again while the first is held (a client that retried after a dropped
+    connection) must not leave the first hanging for 30 s: it is told to retry."""
+    _open_two_slot_round(server.rv)
+    first = _join(server, "w0")
+    await eventually(lambda: len(server.rv.of(ev.JoinAsked)) == 1)
+    second = _join(server, "w0")
+    await eventually(lambda: len(server.rv.of(ev.JoinAsked)) == 2)
+    await server.signed(protocol.PATH_JOIN, {"worker_id": "w1", "last_round": 0})
+    try:
+        assert (await asyncio.wait_for(second, 5)).json["action"] == "run"
+        reply = await asyncio.wait_for(first, 5)
+        assert reply.json["action"] == "retry"
+    finally:
+        first.cancel()
 
 
 async def test_a_crowd_of_workers_forms_one_round_and_uses_its_keys(server: Server) -> None:
@@ -1071,13 +1205,14 @@ async def test_a_crowd_of_workers_forms_one_round_and_uses_its_keys(server: Serv
     assignment = assign([(f"h{h}", 10) for h in range(n // 10)])
     members = {slot: f"w{info.rank}" for slot, info in assignment.items()}
     for slot, worker in members.items():
-        server.rv.register_worker(worker, slot)
+        server.rv.add_worker(worker, slot)
     server.rv.open_round(1, assignment, members)
     replies = await asyncio.gather(*(server.signed(
         protocol.PATH_JOIN, {"worker_id": f"w{i}", "last_round": 0}) for i in range(n)))
     assert [(r.status, r.json["action"], r.json["slot"]["rank"]) for r in replies] == [
         (200, "run", i) for i in range(n)]
-    assert server.listener.named("round_completed") == [(1,)]
+    assert server.rv.reports("round_completed") == [{"number": 1}]
+    assert len(server.rv.answers("run")) == n
     await asyncio.gather(*(server.kv("set", worker=f"w{i}", key=f"{prefix}{i}",
                                      value=b64(str(i).encode())) for i in range(n)))
     got = await asyncio.gather(*(server.kv("get", worker=f"w{i}", key=f"{prefix}{(i + 1) % n}")

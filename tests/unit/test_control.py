@@ -1,5 +1,6 @@
-"""The operator endpoints (elasticrun.driver.control), served by the real rendezvous server
-on 127.0.0.1: /status, /metrics, and the bearer-token host-change webhook /v1/hosts."""
+"""The operator endpoints (elasticrun.driver.operate.routes), served by the real worker server
+on 127.0.0.1 (in front of a real round machine): /status, /metrics, and the bearer-token
+host-change webhook /v1/hosts."""
 
 from __future__ import annotations
 
@@ -14,11 +15,10 @@ import pytest
 
 from elasticrun import protocol
 from elasticrun.discovery.base import HostSlots
-from elasticrun.driver.control import MAX_HOSTS_PER_PUSH, MAX_PUSH_BYTES, Control
-from elasticrun.driver.hostwatch import PushRefused
-from elasticrun.driver.metrics import CONTENT_TYPE
-from elasticrun.driver.rendezvous import Rendezvous
-from tests.fakes import RecordingListener
+from elasticrun.driver.hosts.watcher import PushRefused
+from elasticrun.driver.operate.metrics import CONTENT_TYPE
+from elasticrun.driver.operate.routes import MAX_HOSTS_PER_PUSH, MAX_PUSH_BYTES, OperatorRoutes
+from tests.rounds_server import RoundsServer
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -64,7 +64,7 @@ class Reply:
 @dataclass
 class Server:
     target: FakeTarget
-    listener: RecordingListener
+    rounds: RoundsServer
     base: str
     session: aiohttp.ClientSession
 
@@ -79,12 +79,11 @@ class Server:
 
 async def _start(token: str | None) -> AsyncIterator[Server]:
     target = FakeTarget()
-    listener = RecordingListener()
-    rv = Rendezvous(protocol.new_secret(), listener)
-    control = Control(target, token, default_slots=3)
-    port = await rv.start("127.0.0.1", 0, control.routes())
+    rv = RoundsServer(protocol.new_secret())
+    routes = OperatorRoutes(target, token, default_slots=3)
+    port = await rv.start(routes.routes())
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-        yield Server(target, listener, f"http://127.0.0.1:{port}", session)
+        yield Server(target, rv, f"http://127.0.0.1:{port}", session)
     await rv.stop()
 
 
@@ -206,7 +205,7 @@ async def test_worker_endpoints_still_need_the_signature(server: Server) -> None
         assert reply.status == 401
     reply = await server.send("POST", protocol.PATH_KV_PREFIX + "get", {"key": "k"})
     assert reply.status == 401
-    assert server.listener.calls == []
+    assert server.rounds.events == []  # nothing reached the round machine
 
 
 # --------------------------------------------------------------------------- bad requests
@@ -245,7 +244,7 @@ async def test_too_many_hosts(server: Server) -> None:
     assert server.target.pushes == []
 
 
-# control.py reads the body with `request.content.read(MAX_PUSH_BYTES + 1)`, which returns
+# routes.py reads the body with `request.content.read(MAX_PUSH_BYTES + 1)`, which returns
 # only what has arrived so far, not up to the limit: a body in more than one TCP segment is cut.
 
 

@@ -62,6 +62,9 @@ class RoundEndpoints:
             return p.error(403, "unknown worker")
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[protocol.JoinReply] = loop.create_future()
+        superseded = self._joins.get(event.worker)
+        if superseded is not None:  # the worker asked again (a dropped connection): the
+            _settle(superseded, RETRY)  # machine's answer goes to the newest request
         self._joins[event.worker] = waiter
         timer = loop.call_later(protocol.MAX_POLL_S, _settle, waiter, RETRY)
         try:
