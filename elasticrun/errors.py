@@ -21,7 +21,3 @@ class SpawnError(ElasticrunError):
 
 class JobFailedError(ElasticrunError):
     """The job cannot make progress; the message names the root cause."""
-
-
-class ProtocolError(ElasticrunError):
-    """A control-plane message was malformed or refused."""

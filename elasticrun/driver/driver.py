@@ -78,9 +78,9 @@ class Driver:
         """Runs the job to its end. Returns the exit code; raises ElasticrunError on failure."""
         loop = asyncio.get_running_loop()
         self._finished: asyncio.Future[int] = loop.create_future()
-        for sig, code in SIGNALS.items():
-            loop.add_signal_handler(sig, self.post, ev.Interrupted(sig.name, code))
-        code: int = 1
+        for sig, signal_code in SIGNALS.items():
+            loop.add_signal_handler(sig, self.post, ev.Interrupted(sig.name, signal_code))
+        code = 1
         error: str | None = "internal error"
         try:
             await self._start()

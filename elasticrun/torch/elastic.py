@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from elasticrun.torch import ops, runtime
+from elasticrun.torch.boundary import collective
 from elasticrun.torch.sampler import ElasticSampler
 from elasticrun.torch.state import TorchState
 from elasticrun.worker.elastic import (
@@ -22,11 +23,14 @@ from elasticrun.worker.elastic import (
 
 R = TypeVar("R")
 
+
 class TorchBackend:
     """Collectives over the current round's Gloo group; rounds through the driver."""
 
-    def rank(self) -> int:
-        return ops.rank()
+    # A collective the user issues directly (DDP, a raw dist call) reports a peer failure
+    # as a DistError or, with torch 2.13's Gloo, a plain RuntimeError: either is a peer
+    # failure only when the driver says the round broke.
+    communication_errors: tuple[type[BaseException], ...] = (dist.DistError, RuntimeError)
 
     def broadcast_object(self, obj: Any, root_rank: int = 0) -> Any:
         return ops.broadcast_object(obj, root_rank)
@@ -35,10 +39,12 @@ class TorchBackend:
         if ops.size() == 1:
             return lambda: flag
         vote = torch.tensor([1 if flag else 0], dtype=torch.int32)
-        work = dist.all_reduce(vote, op=dist.ReduceOp.MAX, async_op=True)
+        with collective("the host-change agreement"):
+            work = dist.all_reduce(vote, op=dist.ReduceOp.MAX, async_op=True)
 
         def result() -> bool:
-            work.wait()
+            with collective("the host-change agreement"):
+                work.wait()
             return bool(vote.item())
 
         return result
@@ -46,14 +52,14 @@ class TorchBackend:
     def hosts_changed(self) -> bool:
         return runtime.hosts_changed()
 
-    def reset(self) -> None:
-        runtime.reset()
+    def reset(self, failure: str, committed: bool) -> None:
+        runtime.reset(failure, committed)
 
     def synced(self) -> None:
         runtime.report_synced()
 
-    def as_failure(self, exc: BaseException) -> WorkersFailedError | None:
-        return WorkersFailedError(str(exc)) if runtime.is_peer_failure(exc) else None
+    def round_broken(self, within: float) -> bool:
+        return runtime.round_broken(within)
 
 
 _backend = TorchBackend()

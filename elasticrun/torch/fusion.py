@@ -7,6 +7,8 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from elasticrun.torch.boundary import collective
+
 DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
 ALONE_BYTES = 1024 * 1024
 
@@ -38,11 +40,13 @@ def fused_collective(
     launch: Callable[[torch.Tensor], dist.Work | None],
     finish: Callable[[torch.Tensor], None] | None = None,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    what: str = "fused collective",
 ) -> None:
     """Runs `launch` (an async collective) on each bucket, all in flight at once, then
     copies the results back into `tensors` in place. `finish` post-processes a bucket.
     A contiguous tensor alone in its bucket is the bucket: it changes in place, so after a
-    failed collective it may hold partial results (elastic training restores the commit)."""
+    failed collective it may hold partial results (elastic training restores the commit).
+    A launch or wait that fails to communicate raises WorkersFailedError."""
     pending: list[tuple[list[int], torch.Tensor, dist.Work | None]] = []
     try:
         for group in buckets(tensors, bucket_bytes):
@@ -53,10 +57,13 @@ def fused_collective(
                 flat = members[0].detach().view(-1)
             else:
                 flat = torch.cat([t.detach().reshape(-1) for t in members])
-            pending.append((group, flat, launch(flat)))
+            with collective(what):
+                work = launch(flat)
+            pending.append((group, flat, work))
         for group, flat, work in pending:
             if work is not None:
-                work.wait()
+                with collective(what):
+                    work.wait()
             if finish is not None:
                 finish(flat)
             if len(group) == 1 and flat.data_ptr() == tensors[group[0]].data_ptr():

@@ -1,4 +1,7 @@
-"""Collectives in the horovod.torch style, over the current round's Gloo process group."""
+"""Collectives in the horovod.torch style, over the current round's Gloo process group.
+
+Each raises WorkersFailedError when it fails to communicate (a peer died, hung, or the
+round broke); misuse (ValueError, TypeError) passes unchanged."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from elasticrun.torch import runtime
+from elasticrun.torch.boundary import collective
 from elasticrun.torch.fusion import fused_collective
 
 
@@ -64,7 +68,8 @@ def _divide(tensor: torch.Tensor, divisor: int) -> None:
 
 def allreduce_(tensor: torch.Tensor, op: ReduceOp = Average) -> torch.Tensor:
     """Reduces `tensor` across all ranks in place and returns it."""
-    dist.all_reduce(tensor, op=_TORCH_OPS[op])
+    with collective("allreduce"):
+        dist.all_reduce(tensor, op=_TORCH_OPS[op])
     if op is ReduceOp.AVERAGE:
         _divide(tensor, size())
     return tensor
@@ -86,11 +91,12 @@ def grouped_allreduce_(tensors: list[torch.Tensor], op: ReduceOp = Average) -> N
         if op is ReduceOp.AVERAGE:
             _divide(flat, world)
 
-    fused_collective(tensors, launch, finish)
+    fused_collective(tensors, launch, finish, what="grouped allreduce")
 
 
 def broadcast_(tensor: torch.Tensor, root_rank: int = 0) -> torch.Tensor:
-    dist.broadcast(tensor, src=root_rank)
+    with collective("broadcast"):
+        dist.broadcast(tensor, src=root_rank)
     return tensor
 
 
@@ -101,14 +107,16 @@ def broadcast(tensor: torch.Tensor, root_rank: int = 0) -> torch.Tensor:
 def broadcast_object(obj: Any = None, root_rank: int = 0) -> Any:
     """Returns root_rank's `obj` on every rank (pickled; use for small objects)."""
     holder = [obj]
-    dist.broadcast_object_list(holder, src=root_rank)
+    with collective("broadcast_object"):
+        dist.broadcast_object_list(holder, src=root_rank)
     return holder[0]
 
 
 def allgather_object(obj: Any) -> list[Any]:
     """Returns every rank's `obj`, indexed by rank."""
     gathered: list[Any] = [None] * size()
-    dist.all_gather_object(gathered, obj)
+    with collective("allgather_object"):
+        dist.all_gather_object(gathered, obj)
     return gathered
 
 
@@ -126,7 +134,8 @@ def broadcast_parameters(
     tensors = [item[1] if isinstance(item, tuple) else item for item in items]
     tensors = [t for t in tensors if isinstance(t, torch.Tensor)]
     if tensors:
-        fused_collective(tensors, lambda flat: dist.broadcast(flat, src=root_rank, async_op=True))
+        fused_collective(tensors, lambda flat: dist.broadcast(flat, src=root_rank, async_op=True),
+                         what="broadcast_parameters")
 
 
 @dataclass(frozen=True)
@@ -172,7 +181,8 @@ def broadcast_tree(tree: Any, root_rank: int = 0) -> Any:
     else:
         tensors = [t.contiguous() for t in tensors]
     if tensors:
-        fused_collective(tensors, lambda flat: dist.broadcast(flat, src=root_rank, async_op=True))
+        fused_collective(tensors, lambda flat: dist.broadcast(flat, src=root_rank, async_op=True),
+                         what="broadcast_tree")
 
     def rebuild(node: Any) -> Any:
         if isinstance(node, _TensorLeaf):

@@ -4,6 +4,12 @@ A `State` is committed in memory (`commit()`); when a collective fails, every su
 restores its last commit, joins the next round and syncs from the new rank 0. When
 hosts change, all ranks agree at the same commit to interrupt, keep their state, join
 the next round and sync. The framework side supplies a `Backend` for the collectives.
+
+The loop decides from exception types and the driver's word, never from message text:
+`HostsUpdatedInterrupt` keeps the state, `WorkersFailedError` (raised by elasticrun's own
+collectives) rolls back, an error of the kind the user's own collectives raise
+(`Backend.communication_errors`) rolls back only when the driver says the round broke,
+and anything else is the user's: it ends this worker, with its traceback.
 """
 
 from __future__ import annotations
@@ -15,27 +21,42 @@ import traceback
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
+from elasticrun.worker.client import DriverUnreachableError
+
 log = logging.getLogger("elasticrun.elastic")
 
 R = TypeVar("R")
+
+# How long a worker whose own collective failed waits for the driver to say whether its
+# round broke, before it takes the error for its own and dies with it.
+BROKEN_ROUND_WAIT_S = 3.0
+FAILURE_TEXT_LIMIT = 200
 
 
 class HostsUpdatedInterrupt(RuntimeError):
     """Raised at a commit on every rank at once when the job's hosts changed."""
 
-    def __init__(self, skip_sync: bool = False) -> None:
+    def __init__(self) -> None:
         super().__init__("hosts changed; moving to a new round")
-        self.skip_sync = skip_sync
 
 
 class WorkersFailedError(RuntimeError):
     """A collective failed because a peer died, hung or became unreachable."""
 
 
+def describe_failure(exc: BaseException) -> str:
+    """`"TypeName: first line of the message"`, at most FAILURE_TEXT_LIMIT characters."""
+    lines = str(exc).strip().splitlines()
+    text = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    return text[:FAILURE_TEXT_LIMIT]
+
+
 class Backend(Protocol):
     """What the elastic loop needs from the framework and the driver."""
 
-    def rank(self) -> int: ...
+    # What the user's own collectives raise when a peer fails (and other things too): such
+    # an error is a peer failure only if the driver says the round broke.
+    communication_errors: tuple[type[BaseException], ...]
 
     def broadcast_object(self, obj: Any, root_rank: int = 0) -> Any: ...
 
@@ -48,16 +69,17 @@ class Backend(Protocol):
         """Whether this process knows of a host change the current round does not reflect."""
         ...
 
-    def reset(self) -> None:
-        """Leaves the current round and joins the next one."""
+    def reset(self, failure: str, committed: bool) -> None:
+        """Leaves the current round and joins the next one. `failure` says why ("" for a
+        host change); `committed` whether a commit completed in the round being left."""
         ...
 
     def synced(self) -> None:
         """This worker now holds the round's committed state (tells the driver)."""
         ...
 
-    def as_failure(self, exc: BaseException) -> WorkersFailedError | None:
-        """`exc` as a WorkersFailedError when it means a peer failed, else None."""
+    def round_broken(self, within: float) -> bool:
+        """Whether the driver says this worker's round broke (waits at most `within` s)."""
         ...
 
 
@@ -79,6 +101,12 @@ class State:
             raise RuntimeError("no elastic backend: import elasticrun.torch first")
         self._backend = backend
         self._reset_callbacks: list[Callable[[], None]] = []
+        self._commits = 0
+
+    @property
+    def commit_count(self) -> int:
+        """How many commits completed in this process (the loop tells rounds apart by it)."""
+        return self._commits
 
     def register_reset_callbacks(self, callbacks: list[Callable[[], None]]) -> None:
         """Functions called after every reset (e.g. to rescale the learning rate)."""
@@ -94,7 +122,9 @@ class State:
         runs while the state is copied."""
         agreement = self._backend.start_agreement(self._backend.hosts_changed())
         self.save()
-        if agreement():
+        interrupt = agreement()
+        self._commits += 1
+        if interrupt:
             raise HostsUpdatedInterrupt()
 
     def check_host_updates(self) -> None:
@@ -137,38 +167,59 @@ class ObjectState(State):
         self.save()
 
 
+def is_round_failure(backend: Backend, exc: Exception) -> bool:
+    """Whether `exc` means the round failed (so this worker rolls back and goes on) rather
+    than this worker's own code (so it dies with the error). Decided by type, and for an
+    error the user's own collectives may raise, by the driver's word on the round."""
+    if isinstance(exc, WorkersFailedError):
+        return True
+    if isinstance(exc, (DriverUnreachableError, HostsUpdatedInterrupt)):
+        return False
+    if isinstance(exc, backend.communication_errors):
+        broken = backend.round_broken(BROKEN_ROUND_WAIT_S)
+        log.info("%s; the driver says the round %s", describe_failure(exc),
+                 "broke" if broken else "is fine, so the error is this worker's own")
+        return broken
+    return False
+
+
 def run_with(backend: Backend, func: Callable[..., R]) -> Callable[..., R]:
     """Wraps `func(state, ...)` so that it survives failures and host changes."""
 
     @functools.wraps(func)
     def wrapper(state: State, *args: Any, **kwargs: Any) -> R:
-        needs_reset = False
+        leaving: tuple[str, bool] | None = None  # (failure, committed) of the round left
         while True:
+            commits_before = state.commit_count
             try:
-                if needs_reset:
-                    backend.reset()
+                if leaving is not None:
+                    backend.reset(*leaving)
+                    leaving = None
                     state.on_reset()
-                    needs_reset = False
                 state.sync()
                 backend.synced()
+                commits_before = state.commit_count
                 return func(state, *args, **kwargs)
             except HostsUpdatedInterrupt:
                 log.info("hosts changed; keeping the current state and moving to a new round")
+                failure = ""
             except Exception as exc:
-                failure = exc if isinstance(exc, WorkersFailedError) else backend.as_failure(exc)
-                if failure is None:
+                if not is_round_failure(backend, exc):
                     raise
+                failure = describe_failure(exc)
                 # Release what the failed frames hold (async works keep the old round's
                 # sockets open, and peers blocked on them would wait for a timeout).
-                traceback.clear_frames(exc.__traceback__)
-                log.warning("a collective failed (%s); restoring the last commit",
-                            _first_line(failure))
+                _clear_frames(exc)
+                log.warning("a collective failed (%s); restoring the last commit", failure)
                 state.restore()
-            needs_reset = True
+            leaving = (failure, state.commit_count > commits_before)
 
     return wrapper
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:200] if text else type(exc).__name__
+def _clear_frames(exc: BaseException | None) -> None:
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        traceback.clear_frames(exc.__traceback__)
+        exc = exc.__cause__ or exc.__context__

@@ -43,7 +43,13 @@ class NoticeWatcher:
 
     @property
     def latest(self) -> int:
+        """The highest host-change notice number the driver has announced."""
         return self._latest
+
+    @property
+    def broken_round(self) -> int:
+        """The highest round the driver has said broke (0: none yet)."""
+        return self._handled_broken
 
     def start(self) -> None:
         self._thread.start()

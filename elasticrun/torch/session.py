@@ -1,0 +1,178 @@
+"""One round of the job as this worker sees it: its place, its store, its process group.
+
+A `RoundSession` is made for every round this worker joins, in the spirit of torchft's
+reconfigurable process group (configure, abort): `build()` connects the round's Gloo group
+through the driver's store, under the round's key prefix; `abort()` (from any thread: the
+notice watcher calls it when the driver says the round broke) cuts the group's connections,
+so every collective blocked on them, here and on the peers, fails at once; `leave()` cuts
+and tears the group down. A session is used for one round only.
+
+Every Gloo workaround lives here: Gloo offers no abort (so the session notes the sockets its
+group opened and shuts them down), torch names a default group's store keys from a
+process-wide counter that a failed build must not advance, and a group's native side must
+be collected before the interpreter exits.
+"""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import logging
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+from elasticrun import protocol
+from elasticrun.protocol import SlotInfo
+from elasticrun.torch.boundary import collective
+from elasticrun.worker.elastic import WorkersFailedError
+from elasticrun.worker.sockets import new_tcp_sockets, open_socket_fds, sever
+
+log = logging.getLogger("elasticrun.worker")
+
+# Builds the default process group: (slot, store, collective timeout in seconds).
+Connect = Callable[[SlotInfo, dist.Store, float], None]
+
+
+@dataclass
+class JoinTiming:
+    """Wall-clock times of this worker's last join (for benchmarks and debugging)."""
+
+    asked: float = 0.0  # the join request was sent
+    assigned: float = 0.0  # the driver answered with this worker's place in the round
+    built: float = 0.0  # the round's process group is built
+
+
+def init_process_group(slot: SlotInfo, store: dist.Store, timeout: float) -> None:
+    """Builds the default Gloo group. A failed build leaves torch's group counter alone."""
+    names_before = group_count()
+    try:
+        dist.init_process_group(backend="gloo", store=store, rank=slot.rank,
+                                world_size=slot.size,
+                                timeout=datetime.timedelta(seconds=timeout))
+    except BaseException:
+        # torch names a default group's store keys from a process-wide counter, so every
+        # member must have built (and destroyed) as many groups as the others. Destroying a
+        # group resets the counter; a failed attempt has nothing to destroy, so undo its step
+        # (or this worker could never meet its peers again: they would wait on other keys).
+        _set_group_count(names_before)
+        raise
+
+
+def group_count() -> int | None:
+    world = getattr(dist.distributed_c10d, "_world", None)
+    return getattr(world, "group_count", None)
+
+
+def _set_group_count(value: int | None) -> None:
+    world = getattr(dist.distributed_c10d, "_world", None)
+    if value is not None and world is not None and hasattr(world, "group_count"):
+        world.group_count = value
+
+
+def destroy_process_group() -> None:
+    if dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception as exc:  # a broken group may fail to tear down; it is abandoned
+            log.debug("destroying the process group failed: %s", exc)
+
+
+class RoundSession:
+    """This worker's membership in one round: build it, abort it, leave it."""
+
+    def __init__(
+        self,
+        number: int,
+        slot: SlotInfo,
+        store: dist.Store,
+        *,
+        notice_seq: int = 0,
+        collective_timeout: float = 60.0,
+        driver_peer: tuple[str, int] = ("", 0),
+        key_prefix: str = "",
+    ) -> None:
+        self.number = number
+        self.slot = slot
+        self.notice_seq = notice_seq  # the latest host-change notice this round reflects
+        self.store = store  # kept alive as long as the group: torch calls back into it
+        self.collective_timeout = collective_timeout
+        self._driver_peer = driver_peer  # connections to the driver are never cut
+        self._key_prefix = key_prefix
+        self._lock = threading.Lock()
+        self._sockets: dict[int, str] = {}  # fd -> inode of the group's connections
+        self._aborted = False
+        self._built = False
+
+    @classmethod
+    def for_reply(cls, reply: protocol.JoinReply, store: dist.Store, collective_timeout: float,
+                  driver_peer: tuple[str, int]) -> RoundSession:
+        """The session of the round the driver just placed this worker in."""
+        assert reply.slot is not None
+        return cls(reply.round, reply.slot, store, notice_seq=reply.notice_seq,
+                   collective_timeout=collective_timeout, driver_peer=driver_peer,
+                   key_prefix=protocol.round_prefix(reply.round))
+
+    @property
+    def built(self) -> bool:
+        return self._built
+
+    @property
+    def aborted(self) -> bool:
+        return self._aborted
+
+    def build(self, connect: Connect = init_process_group) -> None:
+        """Builds the round's process group. Raises WorkersFailedError when the peers do not
+        all come (one died, hung, or the round broke meanwhile)."""
+        if self._built:
+            raise RuntimeError(f"round {self.number}'s group is already built")
+        if self._aborted:
+            raise WorkersFailedError(f"round {self.number} broke before its group was built")
+        store = dist.PrefixStore(self._key_prefix, self.store) if self._key_prefix \
+            else self.store
+        before = open_socket_fds()
+        try:
+            with collective(f"building round {self.number}'s group"):
+                connect(self.slot, store, self.collective_timeout)
+            self._built = True
+        finally:  # on failure too: a half-built group's connections must be cut
+            with self._lock:
+                self._sockets = new_tcp_sockets(before, self._driver_peer)
+                if self._aborted:  # the round broke while the group was being built
+                    sever(self._sockets)
+                    self._sockets = {}
+
+    def abort(self) -> int:
+        """Cuts the round's connections: collectives blocked on them, here and on every
+        peer, fail at once. Safe from any thread; returns how many were cut."""
+        with self._lock:
+            self._aborted = True
+            count = sever(self._sockets)
+            self._sockets = {}
+        return count
+
+    def leave(self, *, last: bool = False) -> None:
+        """Cuts the round's connections (peers blocked on this worker fail at once), then
+        destroys its group. `last`: nothing follows, so the group's native side (and its
+        threads) is collected now, not during interpreter teardown, where torch 2.13's
+        Gloo can abort the process ("terminate called ...")."""
+        self.abort()
+        gc.collect(1)  # young cycles may still hold the round's works
+        destroy_process_group()
+        if last:
+            gc.collect()
+
+    def publish_env(self) -> None:
+        """Keeps the environment true for code that reads it after a reset."""
+        slot = self.slot
+        values = {
+            protocol.ENV_RANK: slot.rank, protocol.ENV_SIZE: slot.size,
+            protocol.ENV_LOCAL_RANK: slot.local_rank, protocol.ENV_LOCAL_SIZE: slot.local_size,
+            protocol.ENV_CROSS_RANK: slot.cross_rank, protocol.ENV_CROSS_SIZE: slot.cross_size,
+            "RANK": slot.rank, "WORLD_SIZE": slot.size, "LOCAL_RANK": slot.local_rank,
+            "LOCAL_WORLD_SIZE": slot.local_size,
+        }
+        os.environ.update({name: str(value) for name, value in values.items()})

@@ -1,0 +1,50 @@
+"""A user's own error is the user's, whatever its message says: real workers, real Gloo.
+
+One of 4 workers raises RuntimeError("connection timed out while reading shard 17 ...")
+from its training code. Its text sounds like a network failure, but it is not a failure
+of elasticrun's collectives: that worker dies with its traceback, its host is
+blacklisted, and the other host's workers roll back and finish, in few rounds (the old
+text-sniffing took it for a peer failure and reset the job forever)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.integration.harness import PYTHON, SCRIPTS, run_job
+from tests.integration.progress import check_job
+
+MESSAGE = "connection timed out while reading shard 17 from the data lake"
+
+
+def test_a_user_runtime_error_ends_its_worker_and_the_others_go_on(tmp_path: Path) -> None:
+    events_path = tmp_path / "events.jsonl"
+    env = {"TRAIN_SAMPLES": "64", "TRAIN_EPOCHS": "3", "TRAIN_BATCH": "4",
+           "USER_ERROR_STEP": "10", "USER_ERROR_RANK": "3"}
+    result = run_job(["-H", "localhost:2,127.0.0.2:2", "--min-np", "2",
+                      "--start-timeout", "60", "--discovery-interval", "0.2",
+                      "--event-log", str(events_path),
+                      PYTHON, str(SCRIPTS / "user_error_train.py")],
+                     env, log_dir=tmp_path / "logs", timeout=150)  # a hang fails the test
+    assert result.returncode == 0, \
+        f"job failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+
+    faults = result.events("fault")
+    assert [(f["step"], f["rank"], f["host"]) for f in faults] == [(10, 3, "127.0.0.2")]
+    # The worker died of its own error, with its traceback.
+    assert "Traceback (most recent call last)" in result.stderr
+    assert f"RuntimeError: {MESSAGE}" in result.stderr
+    events = [json.loads(line) for line in events_path.read_text().splitlines()]
+    failed = [e["data"] for e in events if e["type"] == "worker_failed"]
+    assert failed and failed[0]["host"] == "127.0.0.2" and failed[0]["exit_code"] != 0
+    assert [e["data"]["host"] for e in events if e["type"] == "host_blacklisted"] == \
+        ["127.0.0.2"]
+
+    # The other host went on from its last commit and finished; the rounds stay few.
+    started = [e["data"]["world_size"] for e in events if e["type"] == "round_started"]
+    assert len(started) <= 3 and started[0] == 4 and started[-1] == 2, started
+    views = check_job(result.records, samples=64, epochs=3)
+    assert views[-1].size == 2 and set(views[-1].hosts_by_rank.values()) == {"localhost"}
+    assert views[-1].resume_step == 9  # the last commit before step 10
+    # The worker whose code raised never took its error for a peer's: it did not roll back.
+    assert not [r for r in result.events("restore") if r["pid"] == faults[0]["pid"]]
