@@ -1,11 +1,11 @@
 """A real round machine behind a real worker server on 127.0.0.1, and a minimal executor.
 
 `RoundsServer` is what the driver is to the server, less the processes: every request the
-server turns into an event goes to a real `RoundMachine`, and the machine's server-facing
-actions are carried out exactly as `Driver._act` does (AnswerJoin answers the held join,
-OpenRound and BreakRound tell the server, PostNotice wakes the notice long-polls, SetTimer
-posts TimerFired when due). Everything else (Spawn, StopWorkers, Report, Log, Finish...) is
-only recorded (a Spawn starts no process): tests assert on `events` and `actions`.
+server turns into an event goes through the driver's own EventQueue to a real
+`RoundMachine`, and the machine's server-facing actions are carried out by the server itself
+(`WorkerServer.carry_out`), as in the driver; timers fire as in the driver. Everything else
+(Spawn, StopWorkers, Report, Log, Finish...) is only recorded (a Spawn starts no process):
+tests assert on `events` and `actions`.
 
 The seeding helpers (`add_worker`, `open_round`, `break_round`, `post_notice`) set up a
 test's preconditions in the machine's state directly, without going through the machine;
@@ -14,9 +14,8 @@ the behaviour under test goes through the server and the machine.
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
@@ -24,6 +23,7 @@ from aiohttp import web
 
 from elasticrun.config import DriverConfig
 from elasticrun.driver.processes.records import new_worker_id
+from elasticrun.driver.queue import EventQueue
 from elasticrun.driver.rounds import events as ev
 from elasticrun.driver.rounds.assignment import Assignment, SlotId
 from elasticrun.driver.rounds.machine import RoundMachine
@@ -46,9 +46,7 @@ class RoundsServer:
         self.events: list[ev.Event] = []
         self.actions: list[ev.Action] = []
         self.port = 0
-        self._queue: deque[ev.Event] = deque()
-        self._draining = False
-        self._timers: set[asyncio.TimerHandle] = set()
+        self._queue = EventQueue(self._handle, self.server.carry_out)
 
     # --- lifecycle ------------------------------------------------------------------------
     async def start(self, extra_routes: Iterable[web.RouteDef] = ()) -> int:
@@ -56,50 +54,18 @@ class RoundsServer:
         return self.port
 
     async def stop(self) -> None:
-        for timer in self._timers:
-            timer.cancel()
-        self._timers.clear()
+        self._queue.close()
         await self.server.stop()
 
     # --- the executor -------------------------------------------------------------------
     def post(self, event: ev.Event) -> None:
-        """Like Driver.post: events caused while acting are queued, never re-entrant."""
-        self._queue.append(event)
-        if self._draining:
-            return
-        self._draining = True
-        try:
-            while self._queue:
-                event = self._queue.popleft()
-                self.events.append(event)
-                for action in self.machine.handle(event, time.monotonic()):
-                    self.actions.append(action)
-                    self._act(action)
-        except BaseException:
-            self._queue.clear()
-            raise
-        finally:
-            self._draining = False
+        self._queue.post(event)
 
-    def _act(self, action: ev.Action) -> None:
-        if isinstance(action, ev.AnswerJoin):
-            self.server.rounds.answer_join(action.worker, action.reply)
-        elif isinstance(action, ev.OpenRound):
-            self.server.round_opened(action.number)
-        elif isinstance(action, ev.BreakRound):
-            self.server.round_broken(action.number)
-        elif isinstance(action, ev.PostNotice):
-            self.server.rounds.wake()
-        elif isinstance(action, ev.SetTimer):
-            delay = max(0.0, action.at - time.monotonic())
-            fired = ev.TimerFired(action.timer)
-
-            def fire() -> None:
-                self._timers.discard(handle)
-                self.post(fired)
-
-            handle = asyncio.get_running_loop().call_later(delay, fire)
-            self._timers.add(handle)
+    def _handle(self, event: ev.Event, now: float) -> list[ev.Action]:
+        self.events.append(event)
+        actions = self.machine.handle(event, now)
+        self.actions.extend(actions)
+        return actions
 
     # --- what tests read ------------------------------------------------------------------
     @property
@@ -168,13 +134,13 @@ class RoundsServer:
         for slot, worker_id in members.items():
             assert worker_id in state.workers, f"add_worker({worker_id!r}) first"
             state.workers[worker_id].rank = assignment[slot].rank
-        self.server.round_opened(number)
+        self.server.carry_out(ev.OpenRound(number, dict(assignment), 0))
         return state.round
 
     def break_round(self, number: int) -> None:
         """Round `number` broke (as the machine's BreakRound leaves it)."""
         self.state.broken_round = max(self.state.broken_round, number)
-        self.server.round_broken(number)
+        self.server.carry_out(ev.BreakRound(number))
 
     def post_notice(self) -> int:
         """A host-change notice (as the machine's PostNotice leaves it); its sequence number."""

@@ -5,7 +5,8 @@ benchmarks/rendezvous_scale.py.
 state with N workers w0..w{N-1} on N/8 hosts of 8 slots and round 1 open for all of them
 (worker wI holds rank I), serves on 127.0.0.1 and prints its port. Every join goes through
 the real machine (a JoinAsked event, answered by its AnswerJoin action), carried out by a
-minimal executor that acts like the driver's, without processes or telemetry. Then, for
+minimal executor: the driver's own event queue, the server carrying out its actions; no
+processes, no telemetry. Then, for
 each line read on stdin, prints the CPU seconds it spent since the last one (so the
 benchmark can tell its phases apart); exits when stdin closes. BENCH_PROFILE=FILE writes a
 cProfile (in CPU time) of the serving.
@@ -19,11 +20,11 @@ import os
 import resource
 import sys
 import time
-from collections import deque
 
 from elasticrun import protocol
 from elasticrun.config import DriverConfig
 from elasticrun.driver.processes.records import new_worker_id
+from elasticrun.driver.queue import EventQueue
 from elasticrun.driver.rounds import events as ev
 from elasticrun.driver.rounds.assignment import SlotId, assign
 from elasticrun.driver.rounds.machine import RoundMachine
@@ -34,49 +35,17 @@ SLOTS_PER_HOST = 8
 
 
 class Executor:
-    """Driver.post and the server-facing part of Driver._act: the machine's joins are
-    answered, rounds opened and broken, notices posted and timers set as the driver does;
-    the rest (spawns, telemetry, logs) is dropped, so only the serving is measured."""
+    """The driver's event queue and the server's own actions; the rest (spawns,
+    telemetry, logs) is dropped, so only the serving is measured."""
 
     def __init__(self, workers: int, secret: str) -> None:
         config = DriverConfig(command=("x",), np=workers, min_np=workers, max_np=None)
         self.machine = RoundMachine(config, new_worker_id)
         self.server = WorkerServer(secret, self.machine.state, self.post)
-        self._queue: deque[ev.Event] = deque()
-        self._draining = False
-        self._timers: set[asyncio.TimerHandle] = set()
+        self._queue = EventQueue(self.machine.handle, self.server.carry_out)
 
     def post(self, event: ev.Event) -> None:
-        self._queue.append(event)
-        if self._draining:
-            return
-        self._draining = True
-        try:
-            while self._queue:
-                for action in self.machine.handle(self._queue.popleft(), time.monotonic()):
-                    self._act(action)
-        finally:
-            self._draining = False
-
-    def _act(self, action: ev.Action) -> None:
-        if isinstance(action, ev.AnswerJoin):
-            self.server.rounds.answer_join(action.worker, action.reply)
-        elif isinstance(action, ev.OpenRound):
-            self.server.round_opened(action.number)
-        elif isinstance(action, ev.BreakRound):
-            self.server.round_broken(action.number)
-        elif isinstance(action, ev.PostNotice):
-            self.server.rounds.wake()
-        elif isinstance(action, ev.SetTimer):
-            fired = ev.TimerFired(action.timer)
-
-            def fire() -> None:
-                self._timers.discard(handle)
-                self.post(fired)
-
-            handle = asyncio.get_running_loop().call_later(
-                max(0.0, action.at - time.monotonic()), fire)
-            self._timers.add(handle)
+        self._queue.post(event)
 
     def seed(self, workers: int) -> None:
         """N workers (started) and round 1 open for all of them, as the machine's first cut
@@ -93,11 +62,10 @@ class Executor:
                                                         started=True)
         state.round = Round(1, assignment, members, state.notice_seq, time.monotonic())
         state.phase = JobPhase.RUNNING
-        self.server.round_opened(1)
+        self.server.carry_out(ev.OpenRound(1, assignment, 0))
 
     async def stop(self) -> None:
-        for timer in self._timers:
-            timer.cancel()
+        self._queue.close()
         await self.server.stop()
 
 

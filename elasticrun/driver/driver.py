@@ -12,7 +12,6 @@ import logging
 import secrets
 import signal
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -28,6 +27,7 @@ from elasticrun.driver.processes.output import OutputRouter
 from elasticrun.driver.processes.placement import Placement
 from elasticrun.driver.processes.pool import PoolSettings, WorkerPool
 from elasticrun.driver.processes.records import EnvSettings, launcher_env, new_worker_id
+from elasticrun.driver.queue import EventQueue
 from elasticrun.driver.rounds import events as ev
 from elasticrun.driver.rounds.machine import RoundMachine
 from elasticrun.driver.server.app import WorkerServer
@@ -57,7 +57,8 @@ class Driver:
         self._spawner_for = spawner_for or self._placement.spawner_for
         self._base_env = dict(base_env) if base_env is not None else launcher_env()
         self.machine = RoundMachine(config, new_worker_id)
-        self._watcher = HostWatcher(discovery, config.discovery_interval, self._telemetry)
+        self._watcher = HostWatcher(discovery, config.discovery_interval,
+                                    self._telemetry.discovery_polled)
         self._operator = JobOperator(self.job_id, time.time(), config, self.machine.state,
                                      self._watcher, self._telemetry, self.post)
         self._routes = OperatorRoutes(self._operator, config.webhook_token,
@@ -66,11 +67,9 @@ class Driver:
         self._server = WorkerServer(self._secret, self.machine.state, self.post)
         self._failures = FailureLog(self._telemetry)
         self._pool: WorkerPool | None = None
-        self._queue: deque[ev.Event] = deque()
-        self._draining = False
+        self._events = EventQueue(self.machine.handle, self._act)
         self._stopping = False
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._timers: set[asyncio.TimerHandle] = set()
         self._master: tuple[Any, tuple[str, int]] | None = None
 
     # --- lifecycle ----------------------------------------------------------------------
@@ -130,8 +129,7 @@ class Driver:
 
     async def _shutdown(self) -> None:
         self._stopping = True
-        for timer in self._timers:
-            timer.cancel()
+        self._events.close()
         for task in list(self._tasks):
             task.cancel()
         if self._pool is not None:
@@ -169,40 +167,22 @@ class Driver:
 
     # --- the event queue ------------------------------------------------------------------
     def post(self, event: ev.Event) -> None:
-        """Feeds `event` to the machine and carries out its actions; events that those
-        cause are queued and handled next, in order (never re-entrantly)."""
-        if self._stopping or self._finished.done():
-            return  # the job is over: nothing is decided any more
-        self._queue.append(event)
-        if self._draining:
-            return
-        self._draining = True
+        """Feeds `event` to the machine and carries out its actions (queue.py)."""
+        if self._finished.done():
+            self._events.close()  # the job is over: nothing is decided any more
         try:
-            while self._queue:
-                for action in self.machine.handle(self._queue.popleft(), time.monotonic()):
-                    self._act(action)
+            self._events.post(event)
         except Exception as exc:  # a bug in the machine or an action: the job stops
-            self._queue.clear()
             self._crashed(exc)
-        finally:
-            self._draining = False
 
     def _act(self, action: ev.Action) -> None:
-        if isinstance(action, ev.AnswerJoin):
-            self._server.rounds.answer_join(action.worker, action.reply)
-        elif isinstance(action, ev.SetTimer):
-            self._set_timer(action)
-        elif isinstance(action, ev.Spawn):
+        if self._server.carry_out(action):
+            return
+        if isinstance(action, ev.Spawn):
             self._run_task(self._spawn(action))
         elif isinstance(action, ev.StopWorkers):
             if self._pool is not None:
                 self._pool.stop(action.workers)
-        elif isinstance(action, ev.OpenRound):
-            self._server.round_opened(action.number)
-        elif isinstance(action, ev.BreakRound):
-            self._server.round_broken(action.number)
-        elif isinstance(action, ev.PostNotice):
-            self._server.rounds.wake()
         elif isinstance(action, ev.RecordFailure):
             tail = self._pool.stderr_tail(action.worker) if self._pool is not None else []
             self._failures.worker_failed(action.cause, host=action.host, kind=action.kind,
@@ -216,17 +196,6 @@ class Driver:
             self._end(action.code)
         elif isinstance(action, ev.Fail):
             self._end(JobFailedError(action.message + self._failures.suffix()))
-
-    def _set_timer(self, action: ev.SetTimer) -> None:
-        delay = max(0.0, action.at - time.monotonic())
-        fired = ev.TimerFired(action.timer)
-
-        def fire() -> None:
-            self._timers.discard(handle)
-            self.post(fired)
-
-        handle = asyncio.get_running_loop().call_later(delay, fire)
-        self._timers.add(handle)
 
     # --- workers ----------------------------------------------------------------------------
     async def _spawn(self, action: ev.Spawn) -> None:

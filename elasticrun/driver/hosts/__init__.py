@@ -1,1 +1,1 @@
-"""hosts"""
+"""Hosts: what discovery says (the watcher) and what may be used (the registry)."""

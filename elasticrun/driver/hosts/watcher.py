@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterable
 
 from elasticrun.discovery.base import HostDiscovery, HostSlots
 from elasticrun.discovery.webhook import PushableDiscovery
-from elasticrun.driver.operate.telemetry import Telemetry
 from elasticrun.errors import DiscoveryError
 
 log = logging.getLogger("elasticrun.driver")
@@ -26,10 +25,12 @@ class PushRefused(Exception):
 
 
 class HostWatcher:
-    def __init__(self, discovery: HostDiscovery, interval: float, telemetry: Telemetry) -> None:
+    def __init__(self, discovery: HostDiscovery, interval: float,
+                 polled: Callable[[float, bool], None]) -> None:
+        """`polled(seconds, failed)` hears how every discovery call went."""
         self._discovery = discovery
         self._interval = interval
-        self._telemetry = telemetry
+        self._polled = polled
         self._woken = asyncio.Event()
         self._poll_due = False
         self.last_error: str | None = None
@@ -43,9 +44,9 @@ class HostWatcher:
         try:
             hosts = await self._discovery.find_hosts()
         except DiscoveryError:
-            self._telemetry.discovery_polled(time.monotonic() - started, failed=True)
+            self._polled(time.monotonic() - started, True)
             raise
-        self._telemetry.discovery_polled(time.monotonic() - started, failed=False)
+        self._polled(time.monotonic() - started, False)
         return hosts
 
     async def poll(self) -> HostSlots | None:
@@ -54,12 +55,12 @@ class HostWatcher:
         try:
             hosts = await self._discovery.find_hosts()
         except DiscoveryError as exc:
-            self._telemetry.discovery_polled(time.monotonic() - started, failed=True)
+            self._polled(time.monotonic() - started, True)
             if str(exc) != self.last_error:
                 log.warning("%s; keeping the last good host list", exc)
                 self.last_error = str(exc)
             return None
-        self._telemetry.discovery_polled(time.monotonic() - started, failed=False)
+        self._polled(time.monotonic() - started, False)
         if self.last_error is not None:
             log.info("%s answers again", self._discovery.describe())
             self.last_error = None

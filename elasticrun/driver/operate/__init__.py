@@ -1,1 +1,1 @@
-"""operate"""
+"""Operating a job: the webhook, /status, /metrics, events and failure reports."""

@@ -1,1 +1,1 @@
-"""processes"""
+"""Worker processes: where they run, starting and stopping them, their output."""

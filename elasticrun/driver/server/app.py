@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 from aiohttp import web
 
 from elasticrun import protocol
-from elasticrun.driver.rounds.events import Event
+from elasticrun.driver.rounds import events as ev
 from elasticrun.driver.rounds.state import JobState
 from elasticrun.driver.server.kv import KVEndpoints
 from elasticrun.driver.server.rounds_api import RoundEndpoints
@@ -26,7 +26,7 @@ LISTEN_BACKLOG = 4096
 
 
 class WorkerServer:
-    def __init__(self, secret: str, state: JobState, post: Callable[[Event], None]) -> None:
+    def __init__(self, secret: str, state: JobState, post: Callable[[ev.Event], None]) -> None:
         self._signing = RequestSigning(secret)
         self.rounds = RoundEndpoints(state, post)
         self.kv = KVEndpoints(state)
@@ -34,15 +34,22 @@ class WorkerServer:
         self.port = 0
         self.listening: list[str] = []
 
-    # --- what the driver calls for the machine's actions --------------------------------
-    def round_opened(self, number: int) -> None:
-        """The keys of the round before the previous one are no longer needed by anyone."""
-        if number > 2:
-            self.kv.store.delete_prefix(protocol.round_prefix(number - 2))
-
-    def round_broken(self, number: int) -> None:
-        self.kv.store.abandon_prefix(protocol.round_prefix(number))
-        self.rounds.wake()
+    # --- the machine's actions that are the server's ----------------------------------
+    def carry_out(self, action: ev.Action) -> bool:
+        """Carries out `action` if it is the server's; False if it is not."""
+        if isinstance(action, ev.AnswerJoin):
+            self.rounds.answer_join(action.worker, action.reply)
+        elif isinstance(action, ev.OpenRound):
+            if action.number > 2:  # the round before the previous one is nobody's any more
+                self.kv.store.delete_prefix(protocol.round_prefix(action.number - 2))
+        elif isinstance(action, ev.BreakRound):
+            self.kv.store.abandon_prefix(protocol.round_prefix(action.number))
+            self.rounds.wake()
+        elif isinstance(action, ev.PostNotice):
+            self.rounds.wake()
+        else:
+            return False
+        return True
 
     # --- lifecycle ------------------------------------------------------------------------
     async def start(self, host: str | Sequence[str], port: int = 0,
