@@ -4,30 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
-import os
 import resource
 import sys
-import urllib.parse
 from pathlib import Path
 
 import click
 
 from elasticrun import protocol
-from elasticrun.config import DriverConfig
 from elasticrun.config_file import config_file_callback
-from elasticrun.discovery import HostDiscovery, HostfileDiscovery, ScriptDiscovery, StaticDiscovery
-from elasticrun.discovery.parsing import parse_hosts_flag
-from elasticrun.discovery.plugins import DiscoveryOptions, load_discovery, parse_spec
 from elasticrun.driver.driver import Driver
 from elasticrun.driver.processes.output import OutputRouter
 from elasticrun.errors import ConfigError, DiscoveryError, ElasticrunError
+from elasticrun.job_config import build_config, build_discovery
 from elasticrun.status_cli import status_command
 
 ENV_WEBHOOK_TOKEN = protocol.ENV_WEBHOOK_TOKEN
 ENV_EVENT_SECRET = protocol.ENV_EVENT_SECRET
-MIN_TOKEN_LENGTH = 16
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
@@ -177,148 +170,6 @@ def main(argv: list[str] | None = None) -> None:
     except click.Abort:
         click.echo("elasticrun: aborted", err=True)
         sys.exit(130)
-
-
-def build_config(
-    command: tuple[str, ...],
-    np: int | None,
-    min_np: int | None,
-    max_np: int | None,
-    hosts: str | None,
-    hostfile: Path | None,
-    discovery_script: Path | None,
-    discovery_interval: float,
-    discovery_timeout: float,
-    slots_per_host: int | None,
-    start_timeout: float,
-    elastic_timeout: float,
-    reset_limit: int | None,
-    blacklist_cooldown_range: tuple[float, float] | None,
-    collective_timeout: float,
-    network_interface: str | None,
-    output_filename: Path | None,
-    prefix_output_with_timestamp: bool,
-    ssh_port: int | None = None,
-    ssh_identity_file: Path | None = None,
-    ssh_accept_new_host_keys: bool = False,
-    remote_python: str | None = None,
-    working_dir: Path | None = None,
-    discovery: str | None = None,
-    port: int = 0,
-    event_webhooks: tuple[str, ...] = (),
-    event_log: Path | None = None,
-    webhook_token_file: Path | None = None,
-    event_secret_file: Path | None = None,
-    driver_timeout: float = 30.0,
-    bind: tuple[str, ...] = (),
-) -> DriverConfig:
-    default_slots = slots_per_host or 1
-    static_hosts = None
-    if hosts is not None:
-        try:
-            static_hosts = tuple(parse_hosts_flag(hosts, default_slots).items())
-        except ValueError as exc:
-            raise ConfigError(f"-H/--hosts: {exc}") from None
-    if np is None:
-        if min_np is not None:
-            np = min_np
-        elif static_hosts is not None:
-            np = sum(slots for _, slots in static_hosts)
-            if np == 0:
-                raise ConfigError(f"-H/--hosts {hosts!r} gives no slots")
-        else:
-            raise ConfigError("-np is required unless -H/--hosts or --min-np is given")
-    if static_hosts is None and hostfile is None and discovery_script is None \
-            and discovery is None:
-        static_hosts = (("localhost", np),)
-    elastic = min_np is not None or discovery_script is not None or discovery is not None
-    token = _read_secret(webhook_token_file, ENV_WEBHOOK_TOKEN, "--webhook-token-file")
-    key = _read_secret(event_secret_file, ENV_EVENT_SECRET, "--event-secret-file")
-    if token is not None and len(token) < MIN_TOKEN_LENGTH:
-        raise ConfigError(f"the webhook token is {len(token)} characters; use at least "
-                          f"{MIN_TOKEN_LENGTH} (e.g. openssl rand -hex 32)")
-    if discovery is not None and parse_spec(discovery).target == "webhook" and token is None:
-        raise ConfigError("--discovery webhook needs a token for the host-change webhook: "
-                          "--webhook-token-file FILE or ELASTICRUN_WEBHOOK_TOKEN")
-    if max_np is None and not elastic:
-        max_np = np
-    return DriverConfig(
-        command=tuple(command),
-        np=np,
-        min_np=min_np if min_np is not None else np,
-        max_np=max_np,
-        hosts=static_hosts,
-        hostfile=hostfile,
-        discovery_script=discovery_script,
-        discovery_interval=discovery_interval,
-        discovery_timeout=discovery_timeout,
-        slots_per_host=slots_per_host,
-        start_timeout=start_timeout,
-        elastic_timeout=elastic_timeout,
-        reset_limit=reset_limit,
-        blacklist_cooldown=blacklist_cooldown_range,
-        collective_timeout=collective_timeout,
-        driver_timeout=driver_timeout,
-        network_interface=network_interface,
-        output_filename=output_filename,
-        prefix_timestamp=prefix_output_with_timestamp,
-        ssh_port=ssh_port,
-        ssh_identity_file=ssh_identity_file,
-        ssh_accept_new_host_keys=ssh_accept_new_host_keys,
-        remote_python=remote_python,
-        working_dir=(working_dir or Path.cwd()).absolute(),
-        discovery=discovery,
-        port=port,
-        bind=tuple(_check_bind(address) for address in bind),
-        event_webhooks=tuple(_check_url(url) for url in event_webhooks),
-        event_log=event_log,
-        webhook_token=token,
-        event_key=key.encode() if key is not None else None,
-    )
-
-
-def _read_secret(path: Path | None, env_name: str, flag: str) -> str | None:
-    if path is not None:
-        try:
-            value = path.read_text().strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            reason = getattr(exc, "strerror", None) or "not UTF-8 text"
-            raise ConfigError(f"{flag} {path}: cannot read: {reason}") from None
-        if not value:
-            raise ConfigError(f"{flag} {path}: the file is empty")
-        return value
-    value = os.environ.get(env_name, "").strip()
-    return value or None
-
-
-def _check_bind(address: str) -> str:
-    try:
-        return str(ipaddress.ip_address(address.strip("[]")))
-    except ValueError:
-        raise ConfigError(f"--bind {address!r}: expected an IP address of this machine "
-                          f"(or 0.0.0.0 for all interfaces)") from None
-
-
-def _check_url(url: str) -> str:
-    parsed = urllib.parse.urlsplit(url)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise ConfigError(f"--event-webhook {url!r}: expected an http:// or https:// URL")
-    return url
-
-
-def build_discovery(config: DriverConfig) -> HostDiscovery:
-    default_slots = config.slots_per_host or 1
-    if config.discovery is not None:
-        options = DiscoveryOptions(None, default_slots, config.discovery_timeout)
-        return load_discovery(config.discovery, options)
-    if config.discovery_script is not None:
-        script = ScriptDiscovery(config.discovery_script, default_slots, config.discovery_timeout)
-        script.check()
-        return script
-    if config.hostfile is not None:
-        return HostfileDiscovery(config.hostfile, default_slots)
-    assert config.hosts is not None
-    return StaticDiscovery(dict(config.hosts))
 
 
 def _raise_open_file_limit() -> None:

@@ -1,5 +1,6 @@
 """A safety net for every test: a job a failed test left running is killed before the next
 test starts, so one failure cannot load the machine (and fail unrelated tests) for minutes.
+Only this session's jobs: another pytest run on the same machine is left alone.
 
 Tests that care assert that nothing is left behind themselves; this only cleans up."""
 

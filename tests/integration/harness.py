@@ -21,6 +21,9 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 PYTHON = sys.executable
 TAG_VAR = "ELASTICRUN_TEST_TAG"
+# Every job this test session starts carries a tag beginning with this: the session cleans
+# up its own jobs, never another session's (two pytest runs may share the machine).
+SESSION_TAG = uuid.uuid4().hex[:12]
 
 
 @dataclass
@@ -42,9 +45,9 @@ class JobResult:
 
 
 def tagged_pids(tag: str | None, var: str = TAG_VAR) -> list[int]:
-    """Processes whose environment has var=tag, or var set at all when tag is None (root
-    can read every /proc/*/environ)."""
-    needle = f"{var}={tag or ''}".encode()
+    """Processes whose environment has var=tag, or, when tag is None, any tag of this test
+    session (root can read every /proc/*/environ)."""
+    needle = f"{var}={tag if tag is not None else SESSION_TAG + '.'}".encode()
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -91,7 +94,7 @@ def _cmdline(pid: int) -> str:
 
 
 def job_env(extra: dict[str, str] | None = None) -> tuple[dict[str, str], str]:
-    tag = uuid.uuid4().hex
+    tag = f"{SESSION_TAG}.{uuid.uuid4().hex}"
     env = dict(os.environ)
     env[TAG_VAR] = tag
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")

@@ -1,4 +1,4 @@
-"""Unit tests for elasticrun.cli.build_config, DriverConfig validation and the CLI's errors."""
+"""Unit tests for job_config.build_config, DriverConfig validation and the CLI's errors."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 import elasticrun
-from elasticrun.cli import build_config
 from elasticrun.config import DriverConfig
 from elasticrun.errors import ConfigError
+from elasticrun.job_config import build_config
 
 CMD = ("python", "train.py")
 

@@ -290,25 +290,9 @@ def test_reset_limit() -> None:
     assert fail and fail[0].message == "reset limit 0 reached: another reset was needed"
 
 
-def test_state_lost_waits_for_reports_and_is_saved_by_one() -> None:
-    sim = Sim(config(np=2, min_np=1, max_np=4, discovery_script="h"))  # type: ignore[arg-type]
-    sim.running({"a": 1, "b": 1})
-    sim.started(sim.send(ev.HostsFound({"a": 1, "b": 1, "c": 1})))
-    for standby in list(sim.state.growth.ids):
-        sim.send(ev.JoinAsked(standby, 0))
-    sim.join_all(last_round=1, committed=True)
-    sim.advance(0.0)
-    sim.join_all(last_round=1)  # round 2 complete: a, b, c; nobody reported a sync yet
-    c = sim.worker_on("c")
-    sim.send(ev.WorkerExited(sim.worker_on("a").id, 1))
-    sim.send(ev.WorkerExited(sim.worker_on("b").id, 1))
-    sim.advance(1.0)
-    assert sim.state.sync_grace_until is not None  # c may hold it: its report may be late
-    actions = sim.send(ev.WorkerSynced(c.id, 2))
-    assert [o.number for o in of(ev.OpenRound, actions)] == [3]
-
-
-def test_state_lost_for_good_stops_the_job_after_the_report_wait() -> None:
+def _holders_lost_before_the_new_one_reported() -> Sim:
+    """Round 2 adds host c (complete; nobody reported a sync for it yet); then a and b, the
+    only workers known to hold the committed state, die."""
     sim = Sim(config(np=2, min_np=1, max_np=4, discovery_script="h"))  # type: ignore[arg-type]
     sim.running({"a": 1, "b": 1})
     sim.started(sim.send(ev.HostsFound({"a": 1, "b": 1, "c": 1})))
@@ -319,6 +303,19 @@ def test_state_lost_for_good_stops_the_job_after_the_report_wait() -> None:
     sim.join_all(last_round=1)
     sim.send(ev.WorkerExited(sim.worker_on("a").id, 1))
     sim.send(ev.WorkerExited(sim.worker_on("b").id, 1))
+    return sim
+
+
+def test_state_lost_waits_for_reports_and_is_saved_by_one() -> None:
+    sim = _holders_lost_before_the_new_one_reported()
+    sim.advance(1.0)
+    assert sim.state.sync_grace_until is not None  # c may hold it: its report may be late
+    actions = sim.send(ev.WorkerSynced(sim.worker_on("c").id, 2))
+    assert [o.number for o in of(ev.OpenRound, actions)] == [3]
+
+
+def test_state_lost_for_good_stops_the_job_after_the_report_wait() -> None:
+    sim = _holders_lost_before_the_new_one_reported()
     assert of(ev.Fail, sim.advance(1.0)) == []
     fail = of(ev.Fail, sim.advance(SYNC_REPORT_WAIT_S))
     assert fail and "no worker holding the committed training state" in fail[0].message
