@@ -38,6 +38,7 @@ ENV_EVENT_SECRET = "ELASTICRUN_EVENT_SECRET"
 PATH_JOIN = "/v1/rendezvous/join"
 PATH_NOTICES = "/v1/rendezvous/notices"
 PATH_SYNCED = "/v1/rendezvous/synced"  # a worker holds the committed state of its round
+PATH_FAILING = "/v1/rendezvous/failing"  # a worker's own error ends it: it is about to exit
 PATH_KV_PREFIX = "/v1/kv/"
 KV_OPS = ("set", "get", "add", "compare_set", "check", "delete", "num_keys", "wait", "multi_get")
 

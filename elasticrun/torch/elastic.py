@@ -61,6 +61,9 @@ class TorchBackend:
     def round_broken(self, within: float) -> bool:
         return runtime.round_broken(within)
 
+    def failing(self, failure: str) -> None:
+        runtime.current().failing(failure)
+
 
 _backend = TorchBackend()
 set_default_backend(_backend)

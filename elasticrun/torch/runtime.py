@@ -25,7 +25,7 @@ from elasticrun.protocol import SlotInfo
 from elasticrun.torch.session import JoinTiming, RoundSession
 from elasticrun.torch.session import group_count as _group_count  # noqa: F401 - tests use it
 from elasticrun.torch.session import init_process_group as _init_process_group
-from elasticrun.worker.client import DriverClient, RequestRefusedError
+from elasticrun.worker.client import DriverClient, DriverUnreachableError, RequestRefusedError
 from elasticrun.worker.elastic import WorkersFailedError, describe_failure
 from elasticrun.worker.notices import NoticeWatcher
 from elasticrun.worker.store import DriverStore
@@ -143,6 +143,16 @@ class Runtime:
     def hosts_changed(self) -> bool:
         """True when the driver announced a host change the current round does not reflect."""
         return self.notices is not None and self.notices.latest > self.notice_seq
+
+    def failing(self, failure: str) -> None:
+        """Tells the driver that this worker's own error ends it (best effort)."""
+        if self.client is None:
+            return
+        try:
+            self.client.call(protocol.PATH_FAILING,
+                             {"worker_id": self.worker_id, "failure": failure})
+        except (RequestRefusedError, DriverUnreachableError) as exc:
+            log.debug("the driver did not take the failure report: %s", exc)
 
     def round_broken(self, within: float) -> bool:
         """Whether the driver says this worker's current round broke, waiting at most

@@ -82,6 +82,11 @@ class Backend(Protocol):
         """Whether the driver says this worker's round broke (waits at most `within` s)."""
         ...
 
+    def failing(self, failure: str) -> None:
+        """This worker's own error ends it (tells the driver, so that its round breaks now
+        rather than once this process is through its teardown). Never raises."""
+        ...
+
 
 _default_backend: Backend | None = None
 
@@ -205,6 +210,8 @@ def run_with(backend: Backend, func: Callable[..., R]) -> Callable[..., R]:
                 failure = ""
             except Exception as exc:
                 if not is_round_failure(backend, exc):
+                    if not isinstance(exc, DriverUnreachableError):
+                        backend.failing(describe_failure(exc))
                     raise
                 failure = describe_failure(exc)
                 # Release what the failed frames hold (async works keep the old round's

@@ -479,7 +479,7 @@ async def test_non_ascii_auth_headers(
 # --- 3. fuzz ------------------------------------------------------------------------------
 
 REAL_PATHS = [protocol.PATH_JOIN, protocol.PATH_NOTICES, protocol.PATH_SYNCED,
-              *(KV + op for op in protocol.KV_OPS)]
+              protocol.PATH_FAILING, *(KV + op for op in protocol.KV_OPS)]
 FIELDS = ["key", "keys", "value", "expected", "desired", "amount", "timeout", "worker_id",
           "last_round", "after", "round", "failure", "committed"]
 # Header values: printable ASCII only (aiohttp's client refuses CR/LF; non-ASCII auth headers
@@ -1119,6 +1119,23 @@ async def test_crowds_of_idle_slow_and_waiting_clients_do_not_starve_workers(
             client.close()
         for _, writer in idle + slow:
             writer.close()
+
+
+async def test_a_failure_report_breaks_the_round_of_the_failing_worker(server: Server) -> None:
+    _open_two_slot_round(server.rv)
+    server.rv.add_worker("b0", SlotId("b", 0))
+    reply = await server.signed(protocol.PATH_FAILING,
+                                {"worker_id": "w1", "failure": "ValueError: bad batch"})
+    assert reply.status == 200
+    assert server.rv.events == [ev.WorkerFailing("w1", "ValueError: bad batch")]
+    assert server.rv.state.broken_round == 1
+    assert [f.cause for f in server.rv.of(ev.RecordFailure)] == [
+        "rank 1 on host a failed: ValueError: bad batch"]
+    reply = await server.signed(protocol.PATH_FAILING, {"worker_id": "nobody", "failure": "x"})
+    assert reply.status == 403
+    for bad in (b'{"worker_id": "w0"}', b'{"worker_id": "w0", "failure": 3}'):
+        assert (await server.signed(protocol.PATH_FAILING, body=bad)).status == 400, bad
+    assert len(server.rv.events) == 1
 
 
 async def test_sync_reports_reach_the_driver(server: Server) -> None:

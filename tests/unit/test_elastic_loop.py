@@ -59,6 +59,9 @@ class FakeBackend:
         self.calls.append(("round_broken", within))
         return self.broken
 
+    def failing(self, failure: str) -> None:
+        self.calls.append(("failing", failure))
+
     def named(self, name: str) -> list[tuple[Any, ...]]:
         return [call[1:] for call in self.calls if call[0] == name]
 
@@ -161,6 +164,9 @@ def test_an_error_that_is_not_a_peer_failure_ends_the_worker(
     assert backend.named("round_broken") == ([(BROKEN_ROUND_WAIT_S,)] if asked else [])
     assert backend.named("reset") == [] and state.restores == 0
     assert state.step == 1  # left as it was: nothing rolled back
+    # The driver hears of the worker's own error before it exits (unless it is unreachable).
+    unreachable = isinstance(raised, DriverUnreachableError)
+    assert backend.named("failing") == ([] if unreachable else [(describe_failure(raised),)])
 
 
 def test_the_torch_backend_takes_a_dist_error_to_the_driver() -> None:

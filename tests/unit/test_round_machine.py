@@ -374,3 +374,30 @@ def test_a_worker_started_after_its_host_failed_is_stopped() -> None:
     b = [s.worker for s in of(ev.Spawn, actions) if s.slot.host == "b"]
     sim.send(ev.SpawnFailed(b[0], "boom"))
     assert of(ev.StopWorkers, sim.send(ev.WorkerStarted(b[1]))) == [ev.StopWorkers((b[1],))]
+
+
+def test_a_workers_own_error_breaks_its_round_at_once_and_is_not_stopped() -> None:
+    sim = Sim()
+    sim.running(TWO_HOSTS)
+    failing = sim.worker_on("b", 1)
+    actions = sim.send(ev.WorkerFailing(failing.id, "RuntimeError: shard 17 timed out"))
+    failure = of(ev.RecordFailure, actions)
+    assert [(f.kind, f.cause) for f in failure] == [
+        ("exception", "rank 3 on host b failed: RuntimeError: shard 17 timed out")]
+    assert of(ev.BreakRound, actions) == [ev.BreakRound(1)]
+    # Its host's other worker is stopped; the failing one is left to print its error.
+    assert of(ev.StopWorkers, actions) == [ev.StopWorkers((sim.worker_on("b", 0).id,))]
+    # Its exit later is not a second failure.
+    assert of(ev.RecordFailure, sim.send(ev.WorkerExited(failing.id, 1))) == []
+    opened = of(ev.OpenRound, sim.advance(1.0))
+    assert [(o.number, len(o.assignment)) for o in opened] == [(2, 2)]
+
+
+def test_a_workers_own_error_after_others_finished_fails_the_job() -> None:
+    sim = Sim()
+    sim.running(TWO_HOSTS)
+    members = sim.members()
+    sim.send(ev.WorkerExited(members[0].id, 0))
+    fail = of(ev.Fail, sim.send(ev.WorkerFailing(members[1].id, "ValueError: bad batch")))
+    assert fail and "failed: ValueError: bad batch after other workers had finished" \
+        in fail[0].message

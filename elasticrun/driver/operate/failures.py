@@ -14,7 +14,8 @@ class FailureLog:
 
     def worker_failed(self, cause: str, *, host: str, kind: str, rank: int | None = None,
                       exit_code: int | None = None, stderr_tail: Iterable[str] = ()) -> None:
-        """`kind`: signal | exit_code | spawn_error | check_in_timeout (the metric label)."""
+        """`kind` (the metric label): signal | exit_code | exception | spawn_error |
+        check_in_timeout."""
         tail = list(stderr_tail)
         if self.first is None:
             lines = "\n".join(f"    {line}" for line in tail)

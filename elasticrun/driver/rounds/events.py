@@ -92,6 +92,14 @@ class JoinAsked:
 
 
 @dataclass(frozen=True)
+class WorkerFailing:
+    """A worker's own error (not a peer's) ends it; it exits once it has printed it."""
+
+    worker: str
+    failure: str
+
+
+@dataclass(frozen=True)
 class WorkerSynced:
     worker: str
     round: int
@@ -109,7 +117,7 @@ class Interrupted:
 
 
 Event = (JobStarted | HostsFound | HostsDrained | HostsAdded | WorkerStarted | SpawnFailed
-         | WorkerExited | JoinAsked | WorkerSynced | TimerFired | Interrupted)
+         | WorkerExited | WorkerFailing | JoinAsked | WorkerSynced | TimerFired | Interrupted)
 
 
 # --- actions ---------------------------------------------------------------------------------
@@ -164,7 +172,7 @@ class RecordFailure:
     worker: str
     host: str
     cause: str
-    kind: str  # signal | exit_code | spawn_error | check_in_timeout
+    kind: str  # signal | exit_code | exception | spawn_error | check_in_timeout
     rank: int | None = None
     exit_code: int | None = None
 

@@ -35,11 +35,12 @@ from elasticrun.driver.rounds.events import (
     TimerFired,
     TimerKind,
     WorkerExited,
+    WorkerFailing,
     WorkerStarted,
     WorkerSynced,
 )
 from elasticrun.driver.rounds.exits import describe_exit, exit_kind
-from elasticrun.driver.rounds.state import JobPhase, JobState, WorkerStatus
+from elasticrun.driver.rounds.state import JobPhase, JobState, WorkerRecord, WorkerStatus
 from elasticrun.driver.rounds.step import Step
 
 
@@ -62,6 +63,8 @@ class RoundMachine:
                 cutting.cut(step)
         elif isinstance(event, WorkerExited):
             _worker_exited(step, event)
+        elif isinstance(event, WorkerFailing):
+            _worker_failing(step, event)
         elif isinstance(event, TimerFired):
             _timer_fired(step, event)
         elif isinstance(event, (HostsFound, JobStarted)):
@@ -147,6 +150,10 @@ def _worker_exited(step: Step, event: WorkerExited) -> None:
     worker.alive = False
     _forget(step, worker.id)
     code = event.code
+    if worker.status is WorkerStatus.FAILED:
+        step.log("debug", f"worker {worker.slot} ended after its own error "
+                          f"({describe_exit(code)})")
+        return
     if worker.status in (WorkerStatus.RELEASED, WorkerStatus.STOPPING):
         step.log("debug", f"worker {worker.slot} ended after being stopped or released "
                           f"({describe_exit(code)})")
@@ -161,10 +168,28 @@ def _worker_exited(step: Step, event: WorkerExited) -> None:
     worker.status = WorkerStatus.FAILED
     cause = f"rank {worker.rank} on host {worker.slot.host} {describe_exit(code)}"
     step.record_failure(worker, cause, exit_kind(code), rank=worker.rank, exit_code=code)
-    if state.phase is JobPhase.FINISHING:
-        step.fail(f"{cause} after other workers had finished")
+    _failed(step, worker, cause)
+
+
+def _worker_failing(step: Step, event: WorkerFailing) -> None:
+    """Its own error ends a worker: the same as its failed exit, but known before it is
+    through its teardown, so its round breaks now. It is left to print its error and exit
+    (it is not stopped: a signal could cut its traceback off)."""
+    worker = step.state.workers.get(event.worker)
+    if worker is None or not worker.alive or worker.status is not WorkerStatus.RUNNING:
         return
-    step.fail_host(worker.slot.host, cause)
+    worker.status = WorkerStatus.FAILED
+    _forget(step, worker.id)
+    cause = f"rank {worker.rank} on host {worker.slot.host} failed: {event.failure}"
+    step.record_failure(worker, cause, "exception", rank=worker.rank)
+    _failed(step, worker, cause)
+
+
+def _failed(step: Step, worker: WorkerRecord, cause: str) -> None:
+    if step.state.phase is JobPhase.FINISHING:
+        step.fail(f"{cause} after other workers had finished")
+    else:
+        step.fail_host(worker.slot.host, cause)
 
 
 def _forget(step: Step, worker_id: str) -> None:

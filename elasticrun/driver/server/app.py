@@ -62,6 +62,7 @@ class WorkerServer:
         app.router.add_post(protocol.PATH_JOIN, self.rounds.join)
         app.router.add_post(protocol.PATH_NOTICES, self.rounds.notices)
         app.router.add_post(protocol.PATH_SYNCED, self.rounds.synced)
+        app.router.add_post(protocol.PATH_FAILING, self.rounds.failing)
         app.router.add_post(protocol.PATH_KV_PREFIX + "{op}", self.kv.handle)
         added = app.router.add_routes(list(extra_routes))
         self._signing.open_resources = {route.resource for route in added}  # with their HEADs

@@ -1,4 +1,4 @@
-"""The worker endpoints of the round machine: join, notices, synced.
+"""The worker endpoints of the round machine: join, notices, synced, failing.
 
 Each request becomes a machine event; answers come from the machine's state, or, for a
 join, from its AnswerJoin action. Long-polls hold the request until the answer exists or
@@ -14,7 +14,7 @@ from collections.abc import Callable
 from aiohttp import web
 
 from elasticrun import protocol
-from elasticrun.driver.rounds.events import Event, JoinAsked, WorkerSynced
+from elasticrun.driver.rounds.events import Event, JoinAsked, WorkerFailing, WorkerSynced
 from elasticrun.driver.rounds.state import JobState
 from elasticrun.driver.server import payload as p
 from elasticrun.driver.server.signing import PAYLOAD
@@ -81,6 +81,15 @@ class RoundEndpoints:
     async def synced(self, request: web.Request) -> web.Response:
         body = request[PAYLOAD]
         event = WorkerSynced(p.field(body, "worker_id", str), p.field(body, "round", int))
+        if not self._known(event.worker):
+            return p.error(403, "unknown worker")
+        self._post(event)
+        return web.json_response({})
+
+    async def failing(self, request: web.Request) -> web.Response:
+        body = request[PAYLOAD]
+        event = WorkerFailing(p.field(body, "worker_id", str),
+                              p.field(body, "failure", str)[:500])
         if not self._known(event.worker):
             return p.error(403, "unknown worker")
         self._post(event)
