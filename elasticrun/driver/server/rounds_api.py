@@ -80,16 +80,15 @@ class RoundEndpoints:
 
     async def synced(self, request: web.Request) -> web.Response:
         body = request[PAYLOAD]
-        event = WorkerSynced(p.field(body, "worker_id", str), p.field(body, "round", int))
-        if not self._known(event.worker):
-            return p.error(403, "unknown worker")
-        self._post(event)
-        return web.json_response({})
+        return self._report(WorkerSynced(p.field(body, "worker_id", str),
+                                         p.field(body, "round", int)))
 
     async def failing(self, request: web.Request) -> web.Response:
         body = request[PAYLOAD]
-        event = WorkerFailing(p.field(body, "worker_id", str),
-                              p.field(body, "failure", str)[:500])
+        return self._report(WorkerFailing(p.field(body, "worker_id", str),
+                                          p.field(body, "failure", str)[:500]))
+
+    def _report(self, event: WorkerSynced | WorkerFailing) -> web.Response:
         if not self._known(event.worker):
             return p.error(403, "unknown worker")
         self._post(event)
