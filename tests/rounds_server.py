@@ -111,7 +111,7 @@ class RoundsServer:
                    rank: int = -1) -> WorkerRecord:
         """A live worker holding `slot` (a process that started); `standby`: started for a
         round not yet opened."""
-        worker = WorkerRecord(worker_id, slot, rank, standby=standby, started=True)
+        worker = WorkerRecord(worker_id, slot, rank, standby=standby)
         self.state.workers[worker_id] = worker
         return worker
 

@@ -58,8 +58,7 @@ class Executor:
         members: dict[SlotId, str] = {}
         for slot, info in assignment.items():
             members[slot] = f"w{info.rank}"
-            state.workers[members[slot]] = WorkerRecord(members[slot], slot, info.rank,
-                                                        started=True)
+            state.workers[members[slot]] = WorkerRecord(members[slot], slot, info.rank)
         state.round = Round(1, assignment, members, state.notice_seq, time.monotonic())
         state.phase = JobPhase.RUNNING
         self.server.carry_out(ev.OpenRound(1, assignment, 0))

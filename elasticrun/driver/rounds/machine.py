@@ -123,7 +123,6 @@ def _worker_started(step: Step, worker_id: str) -> None:
     worker = step.state.workers.get(worker_id)
     if worker is None:
         return
-    worker.started = True
     if worker.status is WorkerStatus.STOPPING:
         step.emit(StopWorkers((worker_id,)))  # its host failed while it was being started
     elif worker.standby:

@@ -39,7 +39,6 @@ class WorkerRecord:
     standby: bool = False  # started for a round not yet opened
     status: WorkerStatus = WorkerStatus.RUNNING
     alive: bool = True
-    started: bool = False  # its process exists
     joined_round: int = 0  # the last round it joined; 0: none yet (it is starting up)
     synced_round: int = 0  # the last round whose committed state it holds; 0: none
     checked_in: bool = False  # a standby that asked to join
@@ -125,7 +124,6 @@ class JobState:
     hold_timer_round: int = 0  # the round whose hold-leaving timer is set
     growth: Growth = field(default_factory=Growth)
     storm: Storm = field(default_factory=Storm)
-    first_failure: str | None = None
 
     @property
     def round_number(self) -> int:

@@ -62,8 +62,6 @@ class Step:
 
     def record_failure(self, worker: WorkerRecord, cause: str, kind: str, *,
                        rank: int | None, exit_code: int | None = None) -> None:
-        if self.state.first_failure is None:
-            self.state.first_failure = cause
         self.emit(RecordFailure(worker.id, worker.slot.host, cause, kind, rank, exit_code))
 
     # --- the job's end -------------------------------------------------------------------
