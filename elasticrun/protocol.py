@@ -5,6 +5,7 @@ Shared by both sides, so it imports neither torch nor aiohttp.
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import hmac
 import math
@@ -23,6 +24,10 @@ ENV_CROSS_RANK = "ELASTICRUN_CROSS_RANK"
 ENV_CROSS_SIZE = "ELASTICRUN_CROSS_SIZE"
 ENV_RENDEZVOUS_ADDR = "ELASTICRUN_RENDEZVOUS_ADDR"
 ENV_RENDEZVOUS_PORT = "ELASTICRUN_RENDEZVOUS_PORT"
+# Horovod's launcher sets these (values at spawn, never updated); scripts written for
+# horovodrun read them, e.g. HOROVOD_RANK as "the rank this process started with".
+HOROVOD_ENV_PREFIX = "HOROVOD_"
+HOROVOD_ELASTIC = "HOROVOD_ELASTIC"
 # Internal: who this process is, the job secret, and worker-side timeouts.
 ENV_WORKER_ID = "ELASTICRUN_WORKER_ID"
 ENV_SECRET = "ELASTICRUN_SECRET"
@@ -33,6 +38,36 @@ DEFAULT_DRIVER_TIMEOUT_S = 30.0
 # The operator's secrets: read by the driver, never passed on to workers.
 ENV_WEBHOOK_TOKEN = "ELASTICRUN_WEBHOOK_TOKEN"
 ENV_EVENT_SECRET = "ELASTICRUN_EVENT_SECRET"
+
+
+
+class HostUpdateResult(enum.IntFlag):
+    """What a host-change notice announces; Horovod's names and values
+    (horovod/runner/elastic/worker.py), so that scripts comparing them keep working."""
+
+    no_update = 0
+    removed = 1
+    added = 2
+    mixed = removed | added
+
+
+@dataclass(frozen=True)
+class Notice:
+    """A host-change notice: its sequence number, when the driver posted it (whole seconds
+    since the epoch, as Horovod stamps its notifications) and what changed."""
+
+    seq: int
+    timestamp: int
+    update: HostUpdateResult
+
+    def to_json(self) -> list[int]:
+        return [self.seq, self.timestamp, int(self.update)]
+
+    @classmethod
+    def from_json(cls, data: Any) -> Notice:
+        seq, timestamp, update = data
+        return cls(int(seq), int(timestamp), HostUpdateResult(int(update)))
+
 
 # URL paths of the driver's server.
 PATH_JOIN = "/v1/rendezvous/join"

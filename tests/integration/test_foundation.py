@@ -201,6 +201,11 @@ def test_ranks_and_environment_follow_host_list(optimizer_job: JobResult) -> Non
         assert env["MASTER_ADDR"], env
         assert env["MASTER_PORT"] and 0 < int(env["MASTER_PORT"]) < 65536, env
         assert env["ELASTICRUN_RENDEZVOUS_ADDR"] and env["ELASTICRUN_RENDEZVOUS_PORT"], env
+        # Horovod's names, as horovodrun sets them for an elastic job.
+        horovod = {f"HOROVOD_{name.upper()}": str(value) for name, value in want.items()}
+        assert {name: env[name] for name in horovod} == horovod, env
+        assert env["HOROVOD_HOSTNAME"] == expected_host[rank], env
+        assert env["HOROVOD_ELASTIC"] == "1", env
         masters.add((env["MASTER_ADDR"], env["MASTER_PORT"]))
     assert len(masters) == 1, masters  # all ranks agree on rank 0's endpoint
 

@@ -92,8 +92,19 @@ def worker_env(
         "MASTER_PORT": str(master_port),
         "PYTHONUNBUFFERED": "1",
     })
+    env.update(horovod_env(info))
     if settings.gloo_interface and "GLOO_SOCKET_IFNAME" not in base:
         env["GLOO_SOCKET_IFNAME"] = settings.gloo_interface
+    return env
+
+
+def horovod_env(info: SlotInfo) -> dict[str, str]:
+    """The variables horovodrun gives an elastic worker (horovod/runner/gloo_run.py)."""
+    place = {"HOSTNAME": info.hostname, "RANK": info.rank, "SIZE": info.size,
+             "LOCAL_RANK": info.local_rank, "LOCAL_SIZE": info.local_size,
+             "CROSS_RANK": info.cross_rank, "CROSS_SIZE": info.cross_size}
+    env = {protocol.HOROVOD_ENV_PREFIX + name: str(value) for name, value in place.items()}
+    env[protocol.HOROVOD_ELASTIC] = "1"
     return env
 
 
