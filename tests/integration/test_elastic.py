@@ -149,7 +149,7 @@ def test_reset_limit(tmp_path: Path, limit: int, succeeds: bool) -> None:
 
 def test_failed_host_returns_after_cooldown(tmp_path: Path) -> None:
     result = run_job(["-H", "localhost:2,127.0.0.1:2", "--min-np", "2",
-                      "--blacklist-cooldown-range", "1", "1.5", "--event-log",
+                      "--blacklist-cooldown-range", "1", "2", "--event-log",
                       str(tmp_path / "events.jsonl"), *COMMON, *TRAIN],
                      train_env(samples=64, epochs=6, faults="4:2:exit", slow_below=4),
                      log_dir=tmp_path / "logs", timeout=180)
@@ -162,7 +162,8 @@ def test_failed_host_returns_after_cooldown(tmp_path: Path) -> None:
     hosts = [(e["type"], e["data"].get("host")) for e in events if e["type"].startswith("host_")]
     assert hosts == [("host_blacklisted", "127.0.0.1"), ("host_restored", "127.0.0.1")]
     blacklisted = next(e for e in events if e["type"] == "host_blacklisted")
-    assert 1.0 <= blacklisted["data"]["cooldown_s"] <= 1.5
+    # Horovod's schedule: MIN * 2**1 + uniform(0, 1) * MIN, clipped to MAX: 2 s for "1 2".
+    assert blacklisted["data"]["cooldown_s"] == pytest.approx(2.0)
     assert [e["data"]["world_size"] for e in events if e["type"] == "round_started"] == [4, 2, 4]
 
 

@@ -88,14 +88,21 @@ def test_blacklist_snapshot_is_a_copy() -> None:
     assert set(registry.blacklist_snapshot()) == {"a"}
 
 
-def test_cooldown_first_failure_within_range_and_host_returns() -> None:
+def horovod_cooldown(low: float, high: float, count: int, jitter: float) -> float:
+    """Horovod's HostState._set_cooldown_period, as written there (count already
+    incremented for this blacklisting; jitter is its random.uniform(0, 1))."""
+    cooldown_delay = low * (1 << count) + (jitter * low)
+    return max(low, min(high, cooldown_delay))
+
+
+def test_cooldown_first_failure_and_host_returns() -> None:
     low, high = 10.0, 300.0
     registry = HostRegistry(cooldown_range=(low, high), rng=random.Random(1))
     registry.update({"a": 2, "b": 1})
     entry = registry.blacklist("a", T0)
     assert entry.until is not None
     delay = entry.until - T0
-    assert low <= delay <= min(high, 1.5 * low)
+    assert 2 * low <= delay < 3 * low  # MIN * 2**1 + uniform(0, 1) * MIN
     assert list(registry.usable(T0)) == ["b"]
     assert list(registry.usable(entry.until - 0.001)) == ["b"]
     assert registry.is_blacklisted("a", entry.until - 0.001)
@@ -103,6 +110,31 @@ def test_cooldown_first_failure_within_range_and_host_returns() -> None:
     assert not registry.is_blacklisted("a", entry.until)
     assert list(registry.usable(entry.until)) == ["a", "b"]
     assert list(registry.usable(entry.until + 1000)) == ["a", "b"]
+
+
+@pytest.mark.parametrize(("low", "high"), [(1.0, 2.0), (2.0, 50.0), (0.5, 7.0), (30.0, 600.0)])
+def test_cooldown_matches_horovods_schedule(low: float, high: float) -> None:
+    """The same delays as Horovod for the same random draws, failure after failure."""
+    draws = random.Random(5)
+    expected_draws = random.Random(5)
+    registry = HostRegistry(cooldown_range=(low, high), rng=draws)
+    registry.update({"a": 1})
+    now = T0
+    for count in range(1, 12):
+        entry = registry.blacklist("a", now)
+        assert entry.failures == count and entry.until is not None
+        want = horovod_cooldown(low, high, count, expected_draws.uniform(0, 1))
+        assert entry.until - now == pytest.approx(want)
+        assert low - 1e-9 <= entry.until - now <= high + 1e-9
+        now = entry.until + 1.0  # the host returns, then fails again
+
+
+def test_cooldown_for_range_1_2_is_two_seconds() -> None:
+    """Horovod's first cooldown for --blacklist-cooldown-range 1 2 is 2 s, whatever the
+    draw; a host must not come back earlier than a Horovod user planned for."""
+    for seed in range(50):
+        registry = HostRegistry(cooldown_range=(1.0, 2.0), rng=random.Random(seed))
+        assert registry.blacklist("h", T0).until == pytest.approx(T0 + 2.0)
 
 
 def test_cooldown_grows_exponentially_and_is_capped() -> None:
@@ -113,17 +145,14 @@ def test_cooldown_grows_exponentially_and_is_capped() -> None:
     delays = []
     for failures in range(1, 10):
         entry = registry.blacklist("a", now)
-        assert entry.failures == failures
         assert entry.until is not None
         delay = entry.until - now
-        base = min(high, low * 2 ** (failures - 1))
-        assert base <= delay + 1e-9
-        assert delay <= min(high, 1.5 * base) + 1e-9
-        assert low <= delay <= high
+        assert min(high, low * 2 ** failures) <= delay + 1e-9
+        assert delay <= min(high, low * 2 ** failures + low) + 1e-9
         delays.append(delay)
-        now = entry.until + 1.0  # the host returns, then fails again
-    # 2, 4, 8, 16, 32 (jittered up to x1.5): strictly growing while below the cap.
-    assert delays[0] < delays[1] < delays[2] < delays[3] < delays[4]
+        now = entry.until + 1.0
+    # 4, 8, 16, 32 (+ up to MIN): strictly growing while below the cap.
+    assert delays[0] < delays[1] < delays[2] < delays[3]
     assert delays[-1] == pytest.approx(high)
     assert delays[-2] == pytest.approx(high)
 
@@ -143,8 +172,8 @@ def test_cooldown_jitter_uses_the_given_rng() -> None:
             return b
 
     registry = HostRegistry(cooldown_range=(4.0, 100.0), rng=Fixed())
-    assert registry.blacklist("h", T0).until == pytest.approx(T0 + 6.0)
-    assert registry.blacklist("h", T0).until == pytest.approx(T0 + 12.0)
+    assert registry.blacklist("h", T0).until == pytest.approx(T0 + 12.0)  # 4*2 + 4
+    assert registry.blacklist("h", T0).until == pytest.approx(T0 + 20.0)  # 4*4 + 4
 
 
 def test_cooldown_min_equals_max() -> None:

@@ -18,6 +18,14 @@ class BlacklistEntry:
     until: float | None  # None: permanent
 
 
+def cooldown_delay(cooldown_range: tuple[float, float], failures: int, jitter: float) -> float:
+    """Horovod Elastic's schedule (HostState._set_cooldown_period in
+    horovod/runner/elastic/discovery.py): MIN * 2**failures + jitter * MIN, with jitter
+    uniform in [0, 1), clipped to [MIN, MAX]. With MIN 1 and MAX 2 the first cooldown is 2 s."""
+    low, high = cooldown_range
+    return max(low, min(high, low * 2 ** failures + jitter * low))
+
+
 class HostRegistry:
     def __init__(
         self,
@@ -54,16 +62,13 @@ class HostRegistry:
         self._drained.discard(host)
 
     def blacklist(self, host: str, now: float) -> BlacklistEntry:
-        """Marks a host failed. With a cooldown range it may return after an exponentially
-        growing, jittered delay within [MIN, MAX]; without one it never returns."""
+        """Marks a host failed. With a cooldown range it may return after
+        cooldown_delay(); without one it never returns."""
         previous = self._blacklist.get(host)
         failures = previous.failures + 1 if previous else 1
         until: float | None = None
         if self._cooldown_range is not None:
-            low, high = self._cooldown_range
-            delay = min(high, low * (2 ** (failures - 1)))
-            delay = min(high, max(low, delay * self._rng.uniform(1.0, 1.5)))
-            until = now + delay
+            until = now + cooldown_delay(self._cooldown_range, failures, self._rng.uniform(0, 1))
         entry = BlacklistEntry(failures, until)
         self._blacklist[host] = entry
         return entry
