@@ -31,7 +31,7 @@ from elasticrun.driver.rounds.state import JobPhase, JobState, Round, WorkerReco
 from elasticrun.driver.server.app import WorkerServer
 from elasticrun.driver.server.kvstore import KVStore
 from elasticrun.driver.server.rounds_api import RoundEndpoints
-from elasticrun.protocol import JoinReply
+from elasticrun.protocol import HostUpdateResult, JoinReply
 
 # A join without a place is held (a last copy of the committed state) for start_timeout +
 # collective_timeout after its round opened: a minute, longer than any test waits.
@@ -145,5 +145,5 @@ class RoundsServer:
     def post_notice(self) -> int:
         """A host-change notice (as the machine's PostNotice leaves it); its sequence number."""
         self.state.notice_seq += 1
-        self.server.rounds.wake()
+        self.server.carry_out(ev.PostNotice(self.state.notice_seq, HostUpdateResult.added))
         return self.state.notice_seq

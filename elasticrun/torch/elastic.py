@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from elasticrun.protocol import Notice
 from elasticrun.torch import ops, runtime
 from elasticrun.torch.boundary import collective
 from elasticrun.torch.sampler import ElasticSampler
@@ -51,6 +52,9 @@ class TorchBackend:
 
     def hosts_changed(self) -> bool:
         return runtime.hosts_changed()
+
+    def pending_notices(self) -> list[Notice]:
+        return runtime.pending_notices()
 
     def reset(self, failure: str, committed: bool) -> None:
         runtime.reset(failure, committed)

@@ -144,6 +144,11 @@ class Runtime:
         """True when the driver announced a host change the current round does not reflect."""
         return self.notices is not None and self.notices.latest > self.notice_seq
 
+    def pending_notices(self) -> list[protocol.Notice]:
+        """The host-change notices the current round does not reflect (the next commit
+        raises HostsUpdatedInterrupt for them)."""
+        return [] if self.notices is None else self.notices.notices_after(self.notice_seq)
+
     def failing(self, failure: str) -> None:
         """Tells the driver that this worker's own error ends it (best effort)."""
         if self.client is None:
@@ -285,6 +290,10 @@ def report_synced() -> None:
 
 def hosts_changed() -> bool:
     return current().hosts_changed()
+
+
+def pending_notices() -> list[protocol.Notice]:
+    return current().pending_notices()
 
 
 def round_broken(within: float) -> bool:

@@ -17,10 +17,12 @@ from __future__ import annotations
 import copy
 import functools
 import logging
+import queue
 import traceback
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
+from elasticrun.protocol import HostUpdateResult, Notice
 from elasticrun.worker.client import DriverUnreachableError
 
 log = logging.getLogger("elasticrun.elastic")
@@ -69,6 +71,10 @@ class Backend(Protocol):
         """Whether this process knows of a host change the current round does not reflect."""
         ...
 
+    def pending_notices(self) -> list[Notice]:
+        """The host-change notices behind hosts_changed() that this process received."""
+        ...
+
     def reset(self, failure: str, committed: bool) -> None:
         """Leaves the current round and joins the next one. `failure` says why ("" for a
         host change); `committed` whether a commit completed in the round being left."""
@@ -107,6 +113,20 @@ class State:
         self._backend = backend
         self._reset_callbacks: list[Callable[[], None]] = []
         self._commits = 0
+        # Horovod's State keeps this; scripts reset it to 0 before waiting for a notice.
+        self._last_updated_timestamp = 0
+
+    @property
+    def _host_messages(self) -> queue.Queue[tuple[int, HostUpdateResult]]:
+        """Horovod's queue of host-change notices, `(timestamp, update)`, that scripts read
+        (`while state._host_messages.empty(): sleep`): here a fresh queue at each access,
+        holding the driver's notices that the next commit will act on. They are the same
+        notices that make commit() raise HostsUpdatedInterrupt, so a script that sees one
+        and commits is interrupted, as with Horovod."""
+        messages: queue.Queue[tuple[int, HostUpdateResult]] = queue.Queue()
+        for notice in self._backend.pending_notices():
+            messages.put((notice.timestamp, notice.update))
+        return messages
 
     @property
     def commit_count(self) -> int:
@@ -125,7 +145,7 @@ class State:
         """Saves the state in memory and checks whether hosts changed (may raise
         HostsUpdatedInterrupt on every rank at once). The check's one scalar collective
         runs while the state is copied."""
-        agreement = self._backend.start_agreement(self._backend.hosts_changed())
+        agreement = self._backend.start_agreement(self._notice_pending())
         self.save()
         interrupt = agreement()
         self._commits += 1
@@ -133,8 +153,15 @@ class State:
             raise HostsUpdatedInterrupt()
 
     def check_host_updates(self) -> None:
-        if self._backend.start_agreement(self._backend.hosts_changed())():
+        if self._backend.start_agreement(self._notice_pending())():
             raise HostsUpdatedInterrupt()
+
+    def _notice_pending(self) -> bool:
+        pending = self._backend.hosts_changed()
+        if pending:
+            stamps = [notice.timestamp for notice in self._backend.pending_notices()]
+            self._last_updated_timestamp = max([self._last_updated_timestamp, *stamps])
+        return pending
 
     def save(self) -> None:
         raise NotImplementedError

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 
 from elasticrun import protocol
@@ -37,6 +38,7 @@ class NoticeWatcher:
         # Short enough that a driver that stopped answering is noticed within the timeout.
         self._poll_s = min(protocol.MAX_POLL_S, max(1.0, client.unreachable_timeout / 2))
         self._latest = 0
+        self._notices: deque[protocol.Notice] = deque(maxlen=64)
         self._handled_broken = 0
         self._thread = threading.Thread(target=self._loop, name="elasticrun-notices",
                                         daemon=True)
@@ -45,6 +47,10 @@ class NoticeWatcher:
     def latest(self) -> int:
         """The highest host-change notice number the driver has announced."""
         return self._latest
+
+    def notices_after(self, seq: int) -> list[protocol.Notice]:
+        """The notices newer than `seq` that this watcher received (the newest 64)."""
+        return [notice for notice in list(self._notices) if notice.seq > seq]
 
     @property
     def broken_round(self) -> int:
@@ -70,6 +76,10 @@ class NoticeWatcher:
                 log.debug("notice poll failed: %s", exc)
                 time.sleep(1.0)
                 continue
+            # Kept before `latest` moves on: whoever sees a newer `latest` finds its notice.
+            self._notices.extend(notice for notice in map(protocol.Notice.from_json,
+                                                          reply.get("notices", ()))
+                                 if notice.seq > self._latest)
             self._latest = max(self._latest, int(reply["seq"]))
             broken = int(reply.get("broken_round", 0))
             if broken >= watched:

@@ -716,14 +716,23 @@ async def test_multi_get(server: Server) -> None:
 
 async def test_notices_long_poll(server: Server) -> None:
     reply = await server.signed(protocol.PATH_NOTICES, {"after": 0, "timeout": 0})
-    assert reply.json == {"seq": 0, "broken_round": 0}
+    assert reply.json == {"seq": 0, "broken_round": 0, "notices": []}
     started = time.monotonic()
     waiter = asyncio.create_task(server.signed(protocol.PATH_NOTICES, {"after": 0, "timeout": 10}))
     await asyncio.sleep(0.2)
     assert not waiter.done()
     assert server.rv.post_notice() == 1
-    assert (await asyncio.wait_for(waiter, 5)).json == {"seq": 1, "broken_round": 0}
+    reply = (await asyncio.wait_for(waiter, 5)).json
     assert time.monotonic() - started < 2.0
+    # Each notice comes with its time (whole seconds, as Horovod stamps them) and what
+    # changed, for Horovod's `state._host_messages`.
+    [[seq, stamp, update]] = reply.pop("notices")
+    assert reply == {"seq": 1, "broken_round": 0}
+    assert (seq, update) == (1, int(protocol.HostUpdateResult.added))
+    assert abs(stamp - time.time()) < 5
+    # A worker that has seen notice 1 is not sent it again.
+    reply = await server.signed(protocol.PATH_NOTICES, {"after": 1, "timeout": 0})
+    assert reply.json == {"seq": 1, "broken_round": 0, "notices": []}
 
 
 async def test_notices_posted_by_the_machine_wake_the_long_poll(server: Server) -> None:
@@ -743,8 +752,10 @@ async def test_notices_posted_by_the_machine_wake_the_long_poll(server: Server) 
         server.signed(protocol.PATH_JOIN, {"worker_id": spawn.worker, "last_round": 0}))
     try:
         reply = await asyncio.wait_for(waiter, 5)
-        assert reply.json == {"seq": 1, "broken_round": 0}
-        assert [a.seq for a in server.rv.of(ev.PostNotice)] == [1]
+        assert reply.json["seq"] == 1 and reply.json["broken_round"] == 0
+        assert [n[0] for n in reply.json["notices"]] == [1]
+        assert [(a.seq, a.update) for a in server.rv.of(ev.PostNotice)] == [
+            (1, protocol.HostUpdateResult.added)]
         assert server.rv.worker(spawn.worker).checked_in
         assert not standby.done()  # it waits for the next round
     finally:
@@ -756,13 +767,13 @@ async def test_long_polls_end_at_their_deadline_and_leave_no_waiter_behind(
     """A held request waits on a future and a timer: expired or woken, it is forgotten."""
     started = time.monotonic()
     reply = await server.signed(protocol.PATH_NOTICES, {"after": 0, "timeout": 0.3})
-    assert reply.json == {"seq": 0, "broken_round": 0}
+    assert reply.json == {"seq": 0, "broken_round": 0, "notices": []}
     assert 0.25 <= time.monotonic() - started < 2.0
     assert not server.rv.rounds._changes
     waiter = asyncio.create_task(server.signed(protocol.PATH_NOTICES, {"after": 0, "timeout": 10}))
     await eventually(lambda: len(server.rv.rounds._changes) == 1)
     server.rv.post_notice()
-    assert (await asyncio.wait_for(waiter, 5)).json == {"seq": 1, "broken_round": 0}
+    assert (await asyncio.wait_for(waiter, 5)).json["seq"] == 1
     assert not server.rv.rounds._changes
     monkeypatch.setattr(protocol, "MAX_POLL_S", 0.3)  # a join held past it answers "retry"
     _open_two_slot_round(server.rv)
@@ -791,11 +802,12 @@ async def test_broken_round_releases_watchers_and_store_waiters(server: Server) 
     started = time.monotonic()
     server.rv.post(ev.WorkerExited("lost", 1))  # its process died: the pool's event
     assert server.rv.of(ev.BreakRound) == [ev.BreakRound(3)]
-    assert (await asyncio.wait_for(watcher, 5)).json == {"seq": 0, "broken_round": 3}
+    quiet = {"seq": 0, "broken_round": 3, "notices": []}
+    assert (await asyncio.wait_for(watcher, 5)).json == quiet
     assert (await asyncio.wait_for(getter, 5)).status == 410
     assert time.monotonic() - started < 1.0
     # A watcher of a later round is not woken by round 3 breaking.
-    assert (await asyncio.wait_for(other_round, 5)).json == {"seq": 0, "broken_round": 3}
+    assert (await asyncio.wait_for(other_round, 5)).json == quiet
     assert time.monotonic() - started >= 0.5
     # The machine cut round 4 without host b; its keys work.
     await eventually(lambda: server.rv.state.round_number == 4)

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
+from elasticrun.protocol import HostUpdateResult, Notice
 from elasticrun.torch.elastic import TorchBackend
 from elasticrun.worker.client import DriverUnreachableError
 from elasticrun.worker.elastic import (
@@ -37,6 +38,7 @@ class FakeBackend:
     communication_errors: tuple[type[BaseException], ...] = (FakeDistError,)
     broken: bool = False  # the driver's answer to "did my round break?"
     changed: list[bool] = field(default_factory=list)  # hosts_changed() answers, in turn
+    notices: list[Notice] = field(default_factory=list)  # what pending_notices() returns
     calls: list[tuple[Any, ...]] = field(default_factory=list)
 
     def broadcast_object(self, obj: Any, root_rank: int = 0) -> Any:
@@ -49,8 +51,12 @@ class FakeBackend:
     def hosts_changed(self) -> bool:
         return self.changed.pop(0) if self.changed else False
 
+    def pending_notices(self) -> list[Notice]:
+        return list(self.notices)
+
     def reset(self, failure: str, committed: bool) -> None:
         self.calls.append(("reset", failure, committed))
+        self.notices.clear()  # the new round reflects them
 
     def synced(self) -> None:
         self.calls.append(("synced",))
@@ -207,3 +213,25 @@ def test_a_failure_is_described_by_its_type_and_first_line() -> None:
 def test_hosts_updated_interrupt_needs_no_arguments() -> None:
     interrupt = HostsUpdatedInterrupt()
     assert isinstance(interrupt, RuntimeError) and not hasattr(interrupt, "skip_sync")
+
+
+def test_horovods_host_messages_show_the_notices_the_next_commit_acts_on() -> None:
+    """Horovod scripts wait for a host change with `state._host_messages` and reset
+    `state._last_updated_timestamp`; both behave as on Horovod's State, backed by the
+    driver's notices: a script that sees a message and commits is interrupted."""
+    notice = Notice(7, 1_700_000_123, HostUpdateResult.removed)
+    backend = FakeBackend(changed=[False, True])
+    state = Counter(backend)
+    assert state._host_messages.empty() and state._last_updated_timestamp == 0
+    state.commit()  # nothing pending: no interrupt
+    backend.notices.append(notice)
+    state._last_updated_timestamp = 0  # what Horovod's test script does before waiting
+    messages = state._host_messages
+    assert not messages.empty()
+    assert messages.get_nowait() == (1_700_000_123, HostUpdateResult.removed)
+    assert not state._host_messages.empty()  # reading it does not consume the notice
+    with pytest.raises(HostsUpdatedInterrupt):
+        state.commit()
+    assert state._last_updated_timestamp == 1_700_000_123
+    backend.reset("", True)
+    assert state._host_messages.empty()  # the next round reflects the notice

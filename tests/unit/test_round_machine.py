@@ -9,10 +9,12 @@ from __future__ import annotations
 import pytest
 
 from elasticrun.driver.rounds import events as ev
+from elasticrun.driver.rounds.assignment import SlotId
 from elasticrun.driver.rounds.cutting import STORM_LIMIT, SYNC_REPORT_WAIT_S
 from elasticrun.driver.rounds.joins import REJOIN_SLACK_S, UNEXPLAINED_RESET_WAIT_S
 from elasticrun.driver.rounds.state import JobPhase, WorkerStatus
 from elasticrun.driver.rounds.step import FAILURE_COLLECTION_S
+from elasticrun.protocol import HostUpdateResult
 from tests.unit.machine_sim import Sim, answers, config, of, reports
 
 TWO_HOSTS = {"a": 2, "b": 2}
@@ -144,7 +146,7 @@ def test_notice_during_reset_cuts_at_once_and_is_reflected_by_the_new_round() ->
     standbys = list(sim.state.growth.ids)
     for worker in standbys:
         sim.send(ev.JoinAsked(worker, 0))
-    assert of(ev.PostNotice, sim.log) == [ev.PostNotice(1)]
+    assert of(ev.PostNotice, sim.log) == [ev.PostNotice(1, HostUpdateResult.added)]
     sim.send(ev.JoinAsked(sim.worker_on("a", 0).id, 1))  # its commit saw the notice
     assert sim.state.cut_at == sim.now  # a host change was announced: expected
     opened = of(ev.OpenRound, sim.advance(0.0))
@@ -238,7 +240,8 @@ def test_new_hosts_start_standbys_and_notify_only_when_all_checked_in() -> None:
     sim.started(actions)
     sim.send(ev.JoinAsked(spawns[0].worker, 0))
     assert of(ev.PostNotice, sim.log) == []
-    assert of(ev.PostNotice, sim.send(ev.JoinAsked(spawns[1].worker, 0))) == [ev.PostNotice(1)]
+    assert of(ev.PostNotice, sim.send(ev.JoinAsked(spawns[1].worker, 0))) == [
+        ev.PostNotice(1, HostUpdateResult.added)]
 
 
 def test_a_standby_that_never_checks_in_fails_its_host() -> None:
@@ -256,7 +259,8 @@ def test_drain_makes_the_round_leave_at_the_next_commit() -> None:
     sim.running({"a": 1, "b": 1})
     actions = sim.send(ev.HostsDrained(("b",)))
     assert reports(actions) == ["host_drained"]
-    assert of(ev.PostNotice, actions) == [ev.PostNotice(1)]  # nothing to start: notify now
+    # Nothing to start: notify now.
+    assert of(ev.PostNotice, actions) == [ev.PostNotice(1, HostUpdateResult.removed)]
 
 
 # --- capacity, cooldown, limits ------------------------------------------------------------
@@ -269,6 +273,77 @@ def test_elastic_timeout_when_below_min_np_for_too_long() -> None:
     assert sim.state.capacity_deadline is not None
     fail = of(ev.Fail, sim.advance(60.0))
     assert fail and fail[0].message.startswith("elastic timeout")
+
+
+# --- discovery lists fewer than --min-np slots (Horovod Elastic's rule) ----------------------
+def _below_min_np(found: dict[str, int], min_np: int = 2) -> tuple[Sim, list[ev.Action]]:
+    """Round 1 on a and b (one slot each); then discovery lists only `found`."""
+    sim = Sim(config(discovery_script="h", np=2, min_np=min_np,  # type: ignore[arg-type]
+                     elastic_timeout=60.0))
+    sim.running({"a": 1, "b": 1})
+    return sim, sim.send(ev.HostsFound(found))
+
+
+@pytest.mark.parametrize(("found", "slots"), [({"a": 1}, 1), ({}, 0), ({"c": 1}, 1)])
+def test_hosts_below_min_np_notify_the_round_at_once(found: dict[str, int], slots: int) -> None:
+    """Discovery is the truth: the round is told (no standbys to wait for) and stops at its
+    next commit; the warning counts the slots discovery lists, not a kept worker's."""
+    sim, actions = _below_min_np(found)
+    assert of(ev.PostNotice, actions) == [ev.PostNotice(1, HostUpdateResult.removed)]
+    assert of(ev.Spawn, actions) == []  # nothing starts for a round that cannot be formed
+    [warning] = [a.message for a in of(ev.Log, actions) if a.level == "warning"]
+    assert f"{slots} slot(s) available, fewer than --min-np 2" in warning
+    assert "waits up to 60s (--elastic-timeout)" in warning
+    assert of(ev.PostNotice, sim.send(ev.HostsFound(found))) == []  # told once
+
+
+def test_below_min_np_the_next_round_waits_then_fails_naming_the_wait() -> None:
+    sim, _ = _below_min_np({"a": 1})
+    members = [w.id for w in sim.members()]
+    actions = sim.join_all(last_round=1, committed=True)  # their commit saw the notice
+    actions += sim.advance(0.0)
+    assert of(ev.OpenRound, actions) == [] and of(ev.StopWorkers, actions) == []
+    assert sim.state.phase is JobPhase.RECOVERING and sim.state.capacity_deadline is not None
+    assert all(sim.state.workers[w].alive for w in members)  # b's worker still holds state
+    assert of(ev.Fail, sim.advance(59.0)) == []
+    [fail] = of(ev.Fail, sim.advance(1.0))
+    assert fail.message == ("elastic timeout: waited 60s (--elastic-timeout) for --min-np 2 "
+                            "slot(s), but only 1 are available (hosts: a:1)")
+
+
+def test_below_min_np_a_host_that_comes_back_in_the_wait_is_used() -> None:
+    sim, _ = _below_min_np({})
+    before = {w.slot: w.id for w in sim.members()}
+    sim.join_all(last_round=1, committed=True)
+    sim.advance(30.0)
+    actions = sim.send(ev.HostsFound({"a": 1, "b": 1}))
+    [opened] = of(ev.OpenRound, actions)
+    assert opened.number == 2 and opened.new_workers == 0  # the same workers, state kept
+    assert sim.state.round is not None and sim.state.round.members == before
+    assert set(answers(actions).values()) == {"run"}
+
+
+def test_below_min_np_a_new_host_completes_the_round_and_the_gone_host_leaves() -> None:
+    sim, _ = _below_min_np({"a": 1})
+    gone = sim.worker_on("b")
+    sim.join_all(last_round=1, committed=True)
+    sim.advance(1.0)
+    actions = sim.send(ev.HostsFound({"a": 1, "c": 1}))
+    [opened] = of(ev.OpenRound, actions)
+    assert sorted(s.host for s in opened.assignment) == ["a", "c"] and opened.new_workers == 1
+    assert opened.assignment[SlotId("a", 0)].rank == 0  # the state's holder stays rank 0
+    sim.started(actions)
+    sim.join_all(last_round=1)
+    sim.sync_all()
+    assert answers(sim.log)[gone.id] == "exit"
+
+
+def test_below_min_np_with_min_np_1_no_round_opens_on_a_gone_host() -> None:
+    """With every host gone, the worker that holds the state is not a round of one."""
+    sim, _ = _below_min_np({}, min_np=1)
+    sim.join_all(last_round=1, committed=True)
+    assert of(ev.OpenRound, sim.advance(1.0)) == []
+    assert sim.state.capacity_deadline is not None
 
 
 def test_cooldown_return_ends_the_wait_for_capacity() -> None:

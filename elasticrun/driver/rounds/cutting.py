@@ -45,10 +45,11 @@ def cut(step: Step) -> None:
         return
     state.cut_at = None
     state.phase = JobPhase.RECOVERING
-    target = planner.desired(state, config.max_np, now)
-    if len(target) < config.min_np:
-        _short_of_slots(step, len(target))
+    capacity = planner.capacity(state, config.max_np, now)
+    if capacity < config.min_np:
+        _short_of_slots(step, capacity)
         return
+    target = planner.desired(state, config.max_np, now)
     state.capacity_deadline = None
     if planner.state_lost(state, now):
         if state.sync_grace_until is None:
@@ -83,8 +84,10 @@ def _short_of_slots(step: Step, slots: int) -> None:
         step.log("warning", f"waiting up to {config.elastic_timeout:g}s (--elastic-timeout) "
                             f"for {config.min_np} slot(s); {slots} available")
     elif now >= state.capacity_deadline:
-        step.fail(f"elastic timeout: fewer than --min-np {config.min_np} slots for "
-                  f"{config.elastic_timeout:g}s")
+        hosts = format_hosts(state.hosts.discovered) or "none"
+        step.fail(f"elastic timeout: waited {config.elastic_timeout:g}s (--elastic-timeout) "
+                  f"for --min-np {config.min_np} slot(s), but only {slots} are available "
+                  f"(hosts: {hosts})")
 
 
 def _storming(step: Step) -> bool:

@@ -14,7 +14,7 @@ from typing import Any
 
 from elasticrun.discovery.base import HostSlots
 from elasticrun.driver.rounds.assignment import Assignment, SlotId
-from elasticrun.protocol import JoinReply
+from elasticrun.protocol import HostUpdateResult, JoinReply
 
 
 class TimerKind(enum.Enum):
@@ -151,6 +151,7 @@ class BreakRound:
 @dataclass(frozen=True)
 class PostNotice:
     seq: int
+    update: HostUpdateResult  # what the next round adds or removes
 
 
 @dataclass(frozen=True)

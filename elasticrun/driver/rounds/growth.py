@@ -4,14 +4,21 @@ When the hosts would give a different round, the workers it needs are started at
 the current round keeps training. Only when every one of them has checked in is the current
 round told (a notice) to make room at its next commit, so training pauses for the rendezvous
 and the sync, not for the newcomers' interpreter and torch start-up.
+
+Discovery is the truth, as in Horovod Elastic: when the hosts it lists have fewer slots than
+--min-np, the round is told at once; it stops at its next commit, and the next round waits
+(cutting.py) up to --elastic-timeout for capacity. The workers on hosts that are gone are
+kept until then, holding the committed state: a host that comes back is used again.
 """
 
 from __future__ import annotations
 
 from elasticrun.driver.rounds import planner
+from elasticrun.driver.rounds.assignment import Assignment
 from elasticrun.driver.rounds.events import PostNotice, Spawn, TimerKind
 from elasticrun.driver.rounds.state import JobPhase, WorkerRecord
 from elasticrun.driver.rounds.step import Step
+from elasticrun.protocol import HostUpdateResult
 
 
 def plan(step: Step) -> None:
@@ -22,16 +29,15 @@ def plan(step: Step) -> None:
     if state.phase is not JobPhase.RUNNING or current is None:
         return  # a round is being cut: it will take the hosts as they are
     growth = state.growth
+    capacity = planner.capacity(state, config.max_np, step.now)
+    if capacity < config.min_np:
+        _short_of_slots(step, capacity)
+        return
     target = planner.desired(state, config.max_np, step.now)
     unwanted = [w for wid in growth.ids if (w := state.workers.get(wid)) is not None
                 and w.slot not in target]
     step.stop_workers(unwanted)
-    if target == current.assignment or len(target) < config.min_np:
-        if len(target) < config.min_np and target != growth.warned_small:
-            growth.warned_small = target
-            step.log("warning", f"hosts changed, but {len(target)} slot(s) are fewer than "
-                                f"--min-np {config.min_np}; training continues on the "
-                                f"current hosts")
+    if target == current.assignment:
         growth.target = None
         return
     growth.target = target
@@ -45,6 +51,22 @@ def plan(step: Step) -> None:
         state.workers[worker.id] = worker
         growth.ids.add(worker.id)
         step.emit(Spawn(worker.id, slot, target, standby=True))
+    notify_if_ready(step)
+
+
+def _short_of_slots(step: Step, capacity: int) -> None:
+    """Discovery lists fewer than --min-np slots: no round can be formed on these hosts.
+    Standbys stop; the round is told (once) to stop at its next commit."""
+    state, config = step.state, step.config
+    growth = state.growth
+    step.stop_workers([w for wid in growth.ids if (w := state.workers.get(wid)) is not None])
+    growth.target = {}
+    if growth.notified == {}:
+        return
+    step.log("warning", f"hosts changed: {capacity} slot(s) available, fewer than --min-np "
+                        f"{config.min_np}; the workers stop at their next commit and the job "
+                        f"waits up to {config.elastic_timeout:g}s (--elastic-timeout) for "
+                        f"more")
     notify_if_ready(step)
 
 
@@ -82,6 +104,17 @@ def notify_if_ready(step: Step) -> None:
         return
     growth.notified = target
     state.notice_seq += 1
-    step.emit(PostNotice(state.notice_seq))
-    step.log("info", f"hosts changed: next round will have world size {len(target)}; "
-                     f"notified workers (notice {state.notice_seq})")
+    step.emit(PostNotice(state.notice_seq, update(state.assignment, target)))
+    if target:
+        step.log("info", f"hosts changed: next round will have world size {len(target)}; "
+                         f"notified workers (notice {state.notice_seq})")
+
+
+def update(current: Assignment, target: Assignment) -> HostUpdateResult:
+    """What a notice announces: slots the next round removes, adds, or both."""
+    result = HostUpdateResult.no_update
+    if any(slot not in target for slot in current):
+        result |= HostUpdateResult.removed
+    if any(slot not in current for slot in target):
+        result |= HostUpdateResult.added
+    return result

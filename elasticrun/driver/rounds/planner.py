@@ -31,6 +31,13 @@ def desired(state: JobState, max_np: int | None, now: float) -> Assignment:
                                 alive, keepers)
 
 
+def capacity(state: JobState, max_np: int | None, now: float) -> int:
+    """The slots discovery offers now (usable hosts, at most --max-np): what --min-np is
+    compared with. A worker kept only to hand the state over does not count."""
+    slots = sum(state.hosts.usable(now).values())
+    return slots if max_np is None else min(slots, max_np)
+
+
 def survivors(state: JobState, now: float,
               holders: dict[SlotId, WorkerRecord] | None = None) -> list[SlotId]:
     """Slots of the current round whose workers are alive, in rank order."""

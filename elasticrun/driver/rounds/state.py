@@ -86,7 +86,6 @@ class Growth:
     ids: set[str] = field(default_factory=set)
     ready: set[str] = field(default_factory=set)
     notified: Assignment | None = None
-    warned_small: Assignment | None = None
 
     def clear(self) -> None:
         self.target = self.notified = None

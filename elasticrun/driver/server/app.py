@@ -46,7 +46,7 @@ class WorkerServer:
             self.kv.store.abandon_prefix(protocol.round_prefix(action.number))
             self.rounds.wake()
         elif isinstance(action, ev.PostNotice):
-            self.rounds.wake()
+            self.rounds.post_notice(action.seq, action.update)
         else:
             return False
         return True

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 
+from elasticrun.timed import within
+
 
 class KVStore:
     def __init__(self) -> None:
@@ -97,7 +99,7 @@ class KVStore:
                     return False
                 event = self._waiters.setdefault(key, asyncio.Event())
                 try:
-                    await asyncio.wait_for(event.wait(), remaining)
+                    await within(event.wait(), remaining)
                 except asyncio.TimeoutError:
                     return False
         return True

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Callable
 
 from aiohttp import web
@@ -20,6 +21,9 @@ from elasticrun.driver.server import payload as p
 from elasticrun.driver.server.signing import PAYLOAD
 
 RETRY = protocol.JoinReply("retry")
+# Notices a poll can be answered with: a worker more than this many behind only needs to
+# know that something changed (the sequence number says so).
+NOTICES_KEPT = 64
 
 
 class RoundEndpoints:
@@ -28,6 +32,7 @@ class RoundEndpoints:
         self._post = post
         self._joins: dict[str, asyncio.Future[protocol.JoinReply]] = {}
         self._changes: set[asyncio.Future[bool]] = set()  # notice long-polls, until a change
+        self._notices: deque[protocol.Notice] = deque(maxlen=NOTICES_KEPT)
         self.closing = False
 
     def _known(self, worker_id: str) -> bool:
@@ -39,6 +44,10 @@ class RoundEndpoints:
         waiter = self._joins.get(worker_id)
         if waiter is not None:
             _settle(waiter, reply)
+
+    def post_notice(self, seq: int, update: protocol.HostUpdateResult) -> None:
+        self._notices.append(protocol.Notice(seq, int(time.time()), update))
+        self.wake()
 
     def wake(self) -> None:
         """A notice was posted or a round broke: notice long-polls answer now."""
@@ -104,7 +113,9 @@ class RoundEndpoints:
         while state.notice_seq <= after and not (0 < watched <= state.broken_round) \
                 and await self._changed(deadline):
             pass
-        return web.json_response({"seq": state.notice_seq, "broken_round": state.broken_round})
+        return web.json_response({
+            "seq": state.notice_seq, "broken_round": state.broken_round,
+            "notices": [n.to_json() for n in self._notices if n.seq > after]})
 
     async def _changed(self, deadline: float) -> bool:
         """True when woken before `deadline` (time.monotonic()), else False. A future and a
