@@ -11,6 +11,7 @@ from elasticrun.discovery.base import HostSlots
 from elasticrun.discovery.parsing import parse_host_lines
 from elasticrun.discovery.plugins import DiscoveryOptions
 from elasticrun.errors import ConfigError, DiscoveryError
+from elasticrun.timed import within
 
 MAX_OUTPUT_BYTES = 1024 * 1024
 
@@ -48,7 +49,7 @@ class ScriptDiscovery:
         except OSError as exc:
             raise DiscoveryError(f"{name}: cannot run: {exc.strerror}") from None
         try:
-            out, err = await asyncio.wait_for(proc.communicate(), self._timeout)
+            out, err = await within(proc.communicate(), self._timeout)
         except asyncio.TimeoutError:
             _kill_group(proc.pid)
             await proc.wait()

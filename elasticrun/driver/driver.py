@@ -43,6 +43,7 @@ from elasticrun.spawn.base import Spawner
 log = logging.getLogger("elasticrun.driver")
 
 SIGNALS = {signal.SIGINT: 130, signal.SIGTERM: 143}  # exit codes as a shell reports them
+TASKS_STOP_S = 5.0  # how long the driver's own tasks get to stop once cancelled
 
 
 class Driver:
@@ -135,7 +136,12 @@ class Driver:
         if self._pool is not None:
             await self._pool.stop_all()
         await self._placement.close()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._tasks:
+            # Bounded: a task that ignored its cancellation must not keep the launcher alive.
+            _, stuck = await asyncio.wait(list(self._tasks), timeout=TASKS_STOP_S)
+            if stuck:
+                log.warning("%d driver task(s) did not stop within %gs: %s", len(stuck),
+                            TASKS_STOP_S, ", ".join(sorted(repr(t.get_coro()) for t in stuck)))
         await self._server.stop()
         await self._telemetry.close()
 

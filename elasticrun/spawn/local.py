@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from elasticrun.errors import SpawnError
+from elasticrun.timed import within
 
 OUTPUT_LIMIT = 1024 * 1024  # bytes a reader buffers before the pump drains it
 _PR_SET_PDEATHSIG = 1
@@ -59,12 +60,12 @@ class LocalProcess:
             return
         _signal_group(self.pid, signal.SIGTERM)
         try:
-            await asyncio.wait_for(asyncio.shield(self._proc.wait()), grace_period)
+            await within(asyncio.shield(self._proc.wait()), grace_period)
         except asyncio.TimeoutError:
             pass
         _signal_group(self.pid, signal.SIGKILL)
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self._proc.wait()), 5.0)
+            await within(asyncio.shield(self._proc.wait()), 5.0)
 
 
 class LocalSpawner:

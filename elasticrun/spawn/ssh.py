@@ -39,6 +39,7 @@ from elasticrun.spawn.ssh_connect import (
     _resolve,
     _Target,
 )
+from elasticrun.timed import within
 
 __all__ = ["SSHProcess", "SSHSettings", "SSHSpawner"]
 
@@ -85,7 +86,7 @@ class SSHProcess:
             grace = max(0.0, grace_period)
             await asyncio.to_thread(self._send, f"stop {grace:g}\n".encode())
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(asyncio.shield(self._exit), grace + STOP_EXTRA_WAIT_S)
+                await within(asyncio.shield(self._exit), grace + STOP_EXTRA_WAIT_S)
         # A closed channel ends the bootstrap's stdin: it kills whatever is left, at once.
         await asyncio.to_thread(self.channel.close)
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from elasticrun.discovery.base import HostDiscovery, HostSlots
 from elasticrun.discovery.webhook import PushableDiscovery
 from elasticrun.errors import DiscoveryError
+from elasticrun.timed import within
 
 log = logging.getLogger("elasticrun.driver")
 
@@ -75,7 +76,7 @@ class HostWatcher:
         """Polls every interval (or at once when woken), passing every answer to `found`."""
         while True:
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._woken.wait(), self._interval)
+                await within(self._woken.wait(), self._interval)
             woken = self._woken.is_set()
             self._woken.clear()
             if not woken or self._poll_due:

@@ -22,6 +22,7 @@ from elasticrun.driver.operate.sinks import (
     redact_url,
     sign_event,
 )
+from elasticrun.timed import within
 
 log = logging.getLogger("elasticrun.events")
 
@@ -163,7 +164,7 @@ class WebhookSink:
         try:
             while self.pending and not self._failing and self._task and not self._task.done():
                 self._changed.clear()
-                await asyncio.wait_for(self._changed.wait(), max(0.0, deadline - loop.time()))
+                await within(self._changed.wait(), max(0.0, deadline - loop.time()))
         except asyncio.TimeoutError:
             pass
         finally:  # even when close() itself is cancelled, delivery stops and is accounted for
