@@ -65,11 +65,11 @@ def tagged_pids(tag: str | None, var: str = TAG_VAR) -> list[int]:
 def assert_no_orphans(tag: str, within: float = 5.0) -> None:
     deadline = time.monotonic() + within
     while True:
-        left = [pid for pid in tagged_pids(tag) if not _is_zombie(pid)]
+        left = [pid for pid in tagged_pids(tag) if not is_zombie(pid)]
         if not left:
             return
         if time.monotonic() > deadline:
-            details = [_cmdline(pid) for pid in left]
+            details = [cmdline(pid) for pid in left]
             for pid in left:
                 try:
                     os.kill(pid, signal.SIGKILL)
@@ -79,14 +79,14 @@ def assert_no_orphans(tag: str, within: float = 5.0) -> None:
         time.sleep(0.1)
 
 
-def _is_zombie(pid: int) -> bool:
+def is_zombie(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
     except OSError:
         return True
 
 
-def _cmdline(pid: int) -> str:
+def cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
     except OSError:
