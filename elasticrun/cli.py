@@ -44,9 +44,9 @@ def _positive(_ctx: click.Context, param: click.Parameter, value: float | None) 
 @click.option("-np", "--num-proc", "np", type=click.IntRange(min=1),
               help="Number of worker processes to start with [default: --min-np, or all slots "
                    "of -H].")
-@click.option("--min-np", type=click.IntRange(min=1),
+@click.option("--min-np", "--min-num-proc", "min_np", type=click.IntRange(min=1),
               help="Fewest workers the job may run with; makes the job elastic.")
-@click.option("--max-np", type=click.IntRange(min=1),
+@click.option("--max-np", "--max-num-proc", "max_np", type=click.IntRange(min=1),
               help="Most workers the job may grow to [default: -np, or no limit when elastic].")
 @click.option("-H", "--hosts", "hosts", metavar="HOST:SLOTS,...",
               help="Fixed host list, e.g. 'node1:4,node2:4'. Default: localhost:<np>.")
@@ -79,9 +79,10 @@ def _positive(_ctx: click.Context, param: click.Parameter, value: float | None) 
 @click.option("--driver-timeout", type=float, default=30.0, show_default=True,
               callback=_positive, help="Seconds a worker goes on without reaching the driver "
                                        "before it decides the driver is gone and stops.")
-@click.option("--ssh-port", type=click.IntRange(1, 65535),
+@click.option("-p", "--ssh-port", "ssh_port", type=click.IntRange(1, 65535),
               help="SSH port of remote hosts [default: from ~/.ssh/config, else 22].")
-@click.option("--ssh-identity-file", type=click.Path(path_type=Path), metavar="FILE",
+@click.option("-i", "--ssh-identity-file", "ssh_identity_file",
+              type=click.Path(path_type=Path), metavar="FILE",
               help="Private key for SSH [default: ~/.ssh/config, the agent, ~/.ssh keys].")
 @click.option("--ssh-accept-new-host-keys", is_flag=True,
               help="Accept and record unknown SSH host keys (a changed key is always "

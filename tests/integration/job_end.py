@@ -9,6 +9,7 @@ processes were still alive at that point.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -30,6 +31,7 @@ class JobEnd:
     eof: float | None = None
     left: list[str] = field(default_factory=list)  # command lines of survivors
     output: list[str] = field(default_factory=list)
+    stack: str = ""  # where a launcher that did not exit was (py-spy dump, if installed)
 
     def after_end(self, moment: float | None) -> float | None:
         return None if moment is None or self.ended is None else moment - self.ended
@@ -73,6 +75,10 @@ def run_and_time_end(args: Sequence[str], *, deadline: float = 150.0,
     except subprocess.TimeoutExpired:
         pass
     reader.join(timeout=10.0)
+    if end.code is None and (spy := shutil.which("py-spy")) is not None:
+        dump = subprocess.run([spy, "dump", "--pid", str(proc.pid)], capture_output=True,
+                              text=True, timeout=30, check=False)
+        end.stack = dump.stdout + dump.stderr
     survivors = [pid for pid in tagged_pids(tag) if not is_zombie(pid)]
     end.left = [cmdline(pid) for pid in survivors]
     for pid in survivors:

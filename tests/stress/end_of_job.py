@@ -67,7 +67,8 @@ def main() -> int:
                   f"-> EOF {shown[1]}, left {end.left}{'  <-- LATE' if late else ''}",
                   flush=True)
             if late:
-                print("    " + "\n    ".join(end.output[-8:]), flush=True)
+                print("    " + "\n    ".join(end.output[-8:] + end.stack.splitlines()),
+                      flush=True)
     finally:
         for hog in hogs:
             hog.terminate()

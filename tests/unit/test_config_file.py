@@ -74,6 +74,14 @@ def test_file_values_reach_the_config(tmp_path: Path, captured: dict[str, Any]) 
     assert seen["start_timeout"] == 30.0  # untouched options keep their defaults
 
 
+def test_horovodrun_spellings_of_flags_are_accepted(captured: dict[str, Any]) -> None:
+    """A horovodrun command line keeps working: --min-num-proc, --max-num-proc, -p, -i."""
+    seen = run_cli(captured, "-np", "2", "--min-num-proc", "1", "--max-num-proc", "4",
+                   "-p", "2222", "-i", "/keys/id", "python", "train.py")
+    assert (seen["np"], seen["min_np"], seen["max_np"]) == (2, 1, 4)
+    assert seen["ssh_port"] == 2222 and str(seen["ssh_identity_file"]) == "/keys/id"
+
+
 def test_command_line_flags_override_the_file(tmp_path: Path, captured: dict[str, Any]) -> None:
     job = write(tmp_path, "num-proc: 4\nmin-np: 2\nstart-timeout: 5\n")
     seen = run_cli(captured, "-np", "3", "--config-file", str(job), "--min-np", "1", "x")

@@ -50,32 +50,25 @@ async def test_within_returns_the_result_or_raises_its_error() -> None:
         await within(broken(), 5)
 
 
+async def hang(stopped: asyncio.Event) -> None:
+    try:
+        await asyncio.sleep(60)
+    finally:
+        stopped.set()
+
+
 async def test_within_times_out_and_stops_what_it_waited_for() -> None:
     stopped = asyncio.Event()
-
-    async def hang() -> None:
-        try:
-            await asyncio.sleep(60)
-        finally:
-            stopped.set()
-
     loop = asyncio.get_running_loop()
     started = loop.time()
     with pytest.raises(asyncio.TimeoutError):
-        await within(hang(), 0.05)
+        await within(hang(stopped), 0.05)
     assert stopped.is_set() and loop.time() - started < 2
 
 
 async def test_cancelling_the_caller_cancels_what_it_waits_for() -> None:
     stopped = asyncio.Event()
-
-    async def hang() -> None:
-        try:
-            await asyncio.sleep(60)
-        finally:
-            stopped.set()
-
-    task = asyncio.ensure_future(within(hang(), 30))
+    task = asyncio.ensure_future(within(hang(stopped), 30))
     await asyncio.sleep(0.01)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
