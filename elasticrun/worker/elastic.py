@@ -128,6 +128,12 @@ class State:
             messages.put((notice.timestamp, notice.update))
         return messages
 
+    @_host_messages.setter
+    def _host_messages(self, _: object) -> None:
+        """Horovod's State.on_reset empties the queue by assigning a new one; code that does
+        the same keeps working. Nothing to store: the queue always shows the notices still
+        pending, and a reset leaves none."""
+
     @property
     def commit_count(self) -> int:
         """How many commits completed in this process (the loop tells rounds apart by it)."""

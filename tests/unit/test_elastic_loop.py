@@ -4,6 +4,7 @@ training function raises -> what the loop does (restore, reset with why, sync, r
 
 from __future__ import annotations
 
+import queue
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -235,3 +236,5 @@ def test_horovods_host_messages_show_the_notices_the_next_commit_acts_on() -> No
     assert state._last_updated_timestamp == 1_700_000_123
     backend.reset("", True)
     assert state._host_messages.empty()  # the next round reflects the notice
+    state._host_messages = queue.Queue()  # as Horovod's on_reset does: accepted
+    assert state._host_messages.empty()
