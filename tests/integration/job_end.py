@@ -70,24 +70,29 @@ def run_and_time_end(args: Sequence[str], *, deadline: float = 150.0,
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     try:
-        end.code = proc.wait(timeout=deadline)
-        end.exited = time.monotonic()
-    except subprocess.TimeoutExpired:
-        pass
-    reader.join(timeout=10.0)
-    if end.code is None and (spy := shutil.which("py-spy")) is not None:
-        dump = subprocess.run([spy, "dump", "--pid", str(proc.pid)], capture_output=True,
-                              text=True, timeout=30, check=False)
-        end.stack = dump.stdout + dump.stderr
-    survivors = [pid for pid in tagged_pids(tag) if not is_zombie(pid)]
-    end.left = [cmdline(pid) for pid in survivors]
-    for pid in survivors:
         try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
+            end.code = proc.wait(timeout=deadline)
+            end.exited = time.monotonic()
+        except subprocess.TimeoutExpired:
             pass
-    if end.code is None:
-        proc.kill()
-        proc.wait()
+        reader.join(timeout=10.0)
+        if end.code is None and (spy := shutil.which("py-spy")) is not None:
+            dump = subprocess.run([spy, "dump", "--pid", str(proc.pid)], capture_output=True,
+                                  text=True, timeout=30, check=False)
+            end.stack = dump.stdout + dump.stderr
+        end.left = [cmdline(pid) for pid in _survivors(tag)]
+    finally:  # also when the caller is interrupted (Ctrl-C in the stress loop)
+        for pid in _survivors(tag):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     return end
+
+
+def _survivors(tag: str) -> list[int]:
+    return [pid for pid in tagged_pids(tag) if not is_zombie(pid)]
 
