@@ -51,19 +51,19 @@ class TorchBackend:
         return result
 
     def hosts_changed(self) -> bool:
-        return runtime.hosts_changed()
+        return runtime.current().hosts_changed()
 
     def pending_notices(self) -> list[Notice]:
-        return runtime.pending_notices()
+        return runtime.current().pending_notices()
 
     def reset(self, failure: str, committed: bool) -> None:
         runtime.reset(failure, committed)
 
     def synced(self) -> None:
-        runtime.report_synced()
+        runtime.current().report_synced()
 
     def round_broken(self, within: float) -> bool:
-        return runtime.round_broken(within)
+        return runtime.current().round_broken(within)
 
     def failing(self, failure: str) -> None:
         runtime.current().failing(failure)

@@ -284,22 +284,6 @@ def is_initialized() -> bool:
     return _runtime is not None
 
 
-def report_synced() -> None:
-    current().report_synced()
-
-
-def hosts_changed() -> bool:
-    return current().hosts_changed()
-
-
-def pending_notices() -> list[protocol.Notice]:
-    return current().pending_notices()
-
-
-def round_broken(within: float) -> bool:
-    return current().round_broken(within)
-
-
 def _resolve(host: str, port: int) -> tuple[str, int]:
     try:
         return socket.gethostbyname(host), port
