@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import resource
 import sys
@@ -116,6 +117,12 @@ def _positive(_ctx: click.Context, param: click.Parameter, value: float | None) 
                                    "ELASTICRUN_EVENT_SECRET.")
 @click.option("--event-log", type=click.Path(path_type=Path, dir_okay=False), metavar="FILE",
               help="Append each job event to FILE as one JSON line.")
+@click.option("--timeline-filename", type=click.Path(path_type=Path, dir_okay=False),
+              metavar="FILE", help="Write a timeline of the job (Chrome trace JSON: open it in "
+                                   "Perfetto or chrome://tracing): a lane per worker and one "
+                                   "for the driver. Written by the driver, on its host.")
+@click.option("--timeline-mark-cycles", is_flag=True,
+              help="Mark each optimizer step in the timeline (an instant CYCLE event).")
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"],
                                                case_sensitive=False),
               default="INFO", show_default=True, help="Verbosity of elasticrun's own messages.")
@@ -136,7 +143,10 @@ def cli(**options: object) -> None:
     level = "DEBUG" if verbose else str(options.pop("log_level")).upper()
     options.pop("log_level", None)
     _setup_logging(level)
+    timeline = {"timeline_filename": options.pop("timeline_filename", None),
+                "timeline_mark_cycles": bool(options.pop("timeline_mark_cycles", False))}
     config = build_config(**options)  # type: ignore[arg-type]
+    config = dataclasses.replace(config, **timeline)  # type: ignore[arg-type]
     discovery = build_discovery(config)
     _raise_open_file_limit()
     output = OutputRouter(sys.stdout.buffer, sys.stderr.buffer, config.output_filename,

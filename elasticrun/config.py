@@ -42,6 +42,8 @@ class DriverConfig:
     event_webhooks: tuple[str, ...] = ()
     event_log: Path | None = None
     event_key: bytes | None = field(default=None, repr=False)
+    timeline_filename: Path | None = None  # the job's trace, written by the driver
+    timeline_mark_cycles: bool = False
 
     @property
     def elastic(self) -> bool:
@@ -70,6 +72,8 @@ class DriverConfig:
         if self.event_webhooks and not self.event_key:
             raise ConfigError("--event-webhook needs a key to sign events with: "
                               "--event-secret-file FILE or ELASTICRUN_EVENT_SECRET")
+        if self.timeline_mark_cycles and self.timeline_filename is None:
+            raise ConfigError("--timeline-mark-cycles needs --timeline-filename")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"--port must be 0..65535, got {self.port}")
         for name in ("discovery_interval", "discovery_timeout", "start_timeout",

@@ -34,6 +34,9 @@ ENV_SECRET = "ELASTICRUN_SECRET"
 ENV_COLLECTIVE_TIMEOUT = "ELASTICRUN_COLLECTIVE_TIMEOUT"
 ENV_ROUND_TIMEOUT = "ELASTICRUN_ROUND_TIMEOUT"
 ENV_DRIVER_TIMEOUT = "ELASTICRUN_DRIVER_TIMEOUT"
+# --timeline-filename: record from init() on ("1"), with a CYCLE mark per optimizer step.
+ENV_TIMELINE = "ELASTICRUN_TIMELINE"
+ENV_TIMELINE_MARK_CYCLES = "ELASTICRUN_TIMELINE_MARK_CYCLES"
 DEFAULT_DRIVER_TIMEOUT_S = 30.0
 # The operator's secrets: read by the driver, never passed on to workers.
 ENV_WEBHOOK_TOKEN = "ELASTICRUN_WEBHOOK_TOKEN"
@@ -74,8 +77,14 @@ PATH_JOIN = "/v1/rendezvous/join"
 PATH_NOTICES = "/v1/rendezvous/notices"
 PATH_SYNCED = "/v1/rendezvous/synced"  # a worker holds the committed state of its round
 PATH_FAILING = "/v1/rendezvous/failing"  # a worker's own error ends it: it is about to exit
+PATH_TIMELINE = "/v1/timeline"  # a worker's trace events; opens the job's trace file
 PATH_KV_PREFIX = "/v1/kv/"
 KV_OPS = ("set", "get", "add", "compare_set", "check", "delete", "num_keys", "wait", "multi_get")
+# elasticrun.run(func): the cloudpickled (func, args, kwargs) out, each worker's result in,
+# in parts of RESULT_PART_BYTES (base64 in JSON, a part stays under MAX_BODY_BYTES).
+PATH_RUN_FUNCTION = "/v1/run/function"
+PATH_RUN_RESULT = "/v1/run/result"
+RESULT_PART_BYTES = 2 * 1024 * 1024
 
 # Request signing.
 HEADER_TIMESTAMP = "X-Elasticrun-Timestamp"

@@ -23,6 +23,7 @@ from elasticrun.driver.operate.failures import FailureLog
 from elasticrun.driver.operate.routes import OperatorRoutes
 from elasticrun.driver.operate.target import JobOperator
 from elasticrun.driver.operate.telemetry import Telemetry
+from elasticrun.driver.operate.timeline import JobTimeline
 from elasticrun.driver.processes.output import OutputRouter
 from elasticrun.driver.processes.placement import Placement
 from elasticrun.driver.processes.pool import PoolSettings, WorkerPool
@@ -65,7 +66,10 @@ class Driver:
         self._routes = OperatorRoutes(self._operator, config.webhook_token,
                                       config.slots_per_host or 1)
         self._secret = protocol.new_secret()
-        self._server = WorkerServer(self._secret, self.machine.state, self.post)
+        self._timeline = JobTimeline(config.timeline_filename, config.timeline_mark_cycles)
+        self._server = WorkerServer(self._secret, self.machine.state, self.post,
+                                    self._timeline)
+        self.results = self._server.results  # elasticrun.run: the function out, results in
         self._failures = FailureLog(self._telemetry)
         self._pool: WorkerPool | None = None
         self._events = EventQueue(self.machine.handle, self._act)
@@ -99,6 +103,7 @@ class Driver:
     async def _start(self) -> None:
         config = self._config
         hosts = await self._watcher.first_poll()
+        self._timeline.start()
         self._placement.set_hosts(list(hosts))
         all_local = self._placement.all_local
         dialed = [dial_address(config.bind, self._placement.address_for(host))
@@ -122,7 +127,7 @@ class Driver:
             driver_timeout=config.driver_timeout,
             gloo_interface=config.network_interface or ("lo" if all_local else None))
         settings = PoolSettings(config.command, config.working_dir, config.stop_grace_period,
-                                env, self._base_env)
+                                env, {**self._base_env, **self._timeline.worker_env()})
         self._pool = WorkerPool(settings, self._spawner_for, self._dial_address, self._output,
                                 self._exited, self._rank_of)
         self.post(ev.JobStarted(hosts))
@@ -143,6 +148,7 @@ class Driver:
                 log.warning("%d driver task(s) did not stop within %gs: %s", len(stuck),
                             TASKS_STOP_S, ", ".join(sorted(repr(t.get_coro()) for t in stuck)))
         await self._server.stop()
+        self._timeline.close()
         await self._telemetry.close()
 
     def _run_task(self, coro: Any) -> None:
@@ -182,6 +188,7 @@ class Driver:
             self._crashed(exc)
 
     def _act(self, action: ev.Action) -> None:
+        self._timeline.action(action)
         if self._server.carry_out(action):
             return
         if isinstance(action, ev.Spawn):

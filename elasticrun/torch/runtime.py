@@ -25,6 +25,7 @@ from elasticrun.protocol import SlotInfo
 from elasticrun.torch.session import JoinTiming, RoundSession
 from elasticrun.torch.session import group_count as _group_count  # noqa: F401 - tests use it
 from elasticrun.torch.session import init_process_group as _init_process_group
+from elasticrun.worker import timeline
 from elasticrun.worker.client import DriverClient, DriverUnreachableError, RequestRefusedError
 from elasticrun.worker.elastic import WorkersFailedError, describe_failure
 from elasticrun.worker.notices import NoticeWatcher
@@ -101,8 +102,10 @@ class Runtime:
                                         dist.HashStore(),
                                         collective_timeout=self.collective_timeout)
             self.session.build(_connect)
+            timeline.attach(None, "", self._lane)
             return
         assert self.client is not None
+        timeline.attach(self.client, self.worker_id, self._lane)
         if "GLOO_SOCKET_IFNAME" not in os.environ:
             interface = interface_towards(*self.driver_peer)
             if interface:  # the interface that reaches the driver reaches the peers too
@@ -120,12 +123,14 @@ class Runtime:
             return
         last_round = self.round
         if self.session is not None:
-            self.session.leave()
+            with timeline.span("leave", "round", round=last_round):
+                self.session.leave()
         self._join(last_round, failure, committed)
 
     def shutdown(self) -> None:
         if self.session is not None:
             self.session.leave(last=True)
+        timeline.detach()  # the last events, before the client closes (bounded)
         if self.client is not None:
             self.client.close()
 
@@ -190,6 +195,7 @@ class Runtime:
         assert self.client is not None
         give_up = time.monotonic() + self.round_timeout
         timing = JoinTiming(asked=time.time())
+        asked = timing.asked  # of this request (after a failed build, a new one)
         while True:
             reply = protocol.JoinReply.from_json(self.client.call(
                 protocol.PATH_JOIN,
@@ -198,11 +204,14 @@ class Runtime:
                 wait=protocol.MAX_POLL_S,
             ))
             if reply.action == "exit":
+                timeline.instant("leaves the job", "round", reason=reply.reason)
                 print(f"elasticrun: this worker leaves the job ({reply.reason})",
                       file=sys.stderr)
                 raise SystemExit(0)
             if reply.action == "run" and reply.slot is not None:
                 timing.assigned = time.time()
+                timeline.record("rendezvous", "round", asked, timing.assigned,
+                                round=reply.round, last_round=last_round, failure=failure)
                 store = DriverStore(self.client, self.worker_id,
                                     timeout=self.collective_timeout)
                 session = RoundSession.for_reply(reply, store, self.collective_timeout,
@@ -212,18 +221,30 @@ class Runtime:
                 try:
                     session.build(_connect)
                 except WorkersFailedError as exc:
+                    timeline.record("build group", "round", timing.assigned, time.time(),
+                                    round=reply.round, error=describe_failure(exc))
                     if time.monotonic() > give_up:
                         raise
                     log.warning("building round %d's group failed (%s); asking for a new "
                                 "round", reply.round, exc)
                     session.leave()
                     last_round, failure, committed = reply.round, describe_failure(exc), False
+                    asked = time.time()
                 else:
                     timing.built = time.time()
+                    timeline.record("build group", "round", timing.assigned, timing.built,
+                                    round=reply.round, rank=reply.slot.rank,
+                                    size=reply.slot.size)
                     self.last_join = timing
                     return
             if time.monotonic() > give_up:
                 raise TimeoutError(f"no round formed within {self.round_timeout:g}s")
+
+    def _lane(self) -> tuple[int, str]:
+        """This worker's rank (-1 before its first round) and host, for its timeline lane."""
+        if self.session is None:
+            return -1, os.environ.get(protocol.ENV_HOSTNAME, "")
+        return self.slot.rank, self.slot.hostname
 
     def _round_broken(self, broken_round: int) -> None:
         """Called by the watcher thread: the driver says a member of a round failed."""

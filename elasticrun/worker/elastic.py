@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from elasticrun.protocol import HostUpdateResult, Notice
+from elasticrun.worker import timeline
 from elasticrun.worker.client import DriverUnreachableError
 
 log = logging.getLogger("elasticrun.elastic")
@@ -151,10 +152,11 @@ class State:
         """Saves the state in memory and checks whether hosts changed (may raise
         HostsUpdatedInterrupt on every rank at once). The check's one scalar collective
         runs while the state is copied."""
-        agreement = self._backend.start_agreement(self._notice_pending())
-        self.save()
-        interrupt = agreement()
-        self._commits += 1
+        with timeline.span("commit", "elastic", commit=self._commits + 1):
+            agreement = self._backend.start_agreement(self._notice_pending())
+            self.save()
+            interrupt = agreement()
+            self._commits += 1
         if interrupt:
             raise HostsUpdatedInterrupt()
 
@@ -231,27 +233,33 @@ def run_with(backend: Backend, func: Callable[..., R]) -> Callable[..., R]:
             commits_before = state.commit_count
             try:
                 if leaving is not None:
-                    backend.reset(*leaving)
+                    with timeline.span("reset", "elastic", failure=leaving[0]):
+                        backend.reset(*leaving)
                     leaving = None
                     state.on_reset()
-                state.sync()
+                with timeline.span("sync", "elastic"):
+                    state.sync()
                 backend.synced()
                 commits_before = state.commit_count
                 return func(state, *args, **kwargs)
             except HostsUpdatedInterrupt:
+                timeline.instant("HostsUpdatedInterrupt", "elastic")
                 log.info("hosts changed; keeping the current state and moving to a new round")
                 failure = ""
             except Exception as exc:
                 if not is_round_failure(backend, exc):
+                    timeline.instant("error", "elastic", error=describe_failure(exc))
                     if not isinstance(exc, DriverUnreachableError):
                         backend.failing(describe_failure(exc))
                     raise
                 failure = describe_failure(exc)
+                timeline.instant(type(exc).__name__, "elastic", failure=failure)
                 # Release what the failed frames hold (async works keep the old round's
                 # sockets open, and peers blocked on them would wait for a timeout).
                 _clear_frames(exc)
                 log.warning("a collective failed (%s); restoring the last commit", failure)
-                state.restore()
+                with timeline.span("restore", "elastic"):
+                    state.restore()
             leaving = (failure, state.commit_count > commits_before)
 
     return wrapper

@@ -12,11 +12,14 @@ from collections.abc import Callable, Iterable, Sequence
 from aiohttp import web
 
 from elasticrun import protocol
+from elasticrun.driver.operate.timeline import JobTimeline
 from elasticrun.driver.rounds import events as ev
 from elasticrun.driver.rounds.state import JobState
 from elasticrun.driver.server.kv import KVEndpoints
+from elasticrun.driver.server.results_api import ResultEndpoints
 from elasticrun.driver.server.rounds_api import RoundEndpoints
 from elasticrun.driver.server.signing import RequestSigning
+from elasticrun.driver.server.timeline_api import TimelineEndpoint
 
 SHUTDOWN_TIMEOUT_S = 2.0
 # Every worker of a job connects at once when a round opens: with the usual backlog of 128,
@@ -26,10 +29,13 @@ LISTEN_BACKLOG = 4096
 
 
 class WorkerServer:
-    def __init__(self, secret: str, state: JobState, post: Callable[[ev.Event], None]) -> None:
+    def __init__(self, secret: str, state: JobState, post: Callable[[ev.Event], None],
+                 timeline: JobTimeline | None = None) -> None:
         self._signing = RequestSigning(secret)
         self.rounds = RoundEndpoints(state, post)
         self.kv = KVEndpoints(state)
+        self.timeline = TimelineEndpoint(timeline or JobTimeline())
+        self.results = ResultEndpoints(state)  # elasticrun.run's function and results
         self._runner: web.AppRunner | None = None
         self.port = 0
         self.listening: list[str] = []
@@ -63,6 +69,9 @@ class WorkerServer:
         app.router.add_post(protocol.PATH_NOTICES, self.rounds.notices)
         app.router.add_post(protocol.PATH_SYNCED, self.rounds.synced)
         app.router.add_post(protocol.PATH_FAILING, self.rounds.failing)
+        app.router.add_post(protocol.PATH_TIMELINE, self.timeline.handle)
+        app.router.add_post(protocol.PATH_RUN_FUNCTION, self.results.function)
+        app.router.add_post(protocol.PATH_RUN_RESULT, self.results.result)
         app.router.add_post(protocol.PATH_KV_PREFIX + "{op}", self.kv.handle)
         added = app.router.add_routes(list(extra_routes))
         self._signing.open_resources = {route.resource for route in added}  # with their HEADs
