@@ -21,3 +21,7 @@ class SpawnError(ElasticrunError):
 
 class JobFailedError(ElasticrunError):
     """The job cannot make progress; the message names the root cause."""
+
+
+class NotSupportedError(ElasticrunError, NotImplementedError):
+    """A Horovod feature elasticrun does not provide; the message names it and says why."""

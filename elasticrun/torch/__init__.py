@@ -1,37 +1,129 @@
-"""The worker API, mirroring horovod.torch: `import elasticrun.torch as er`."""
+"""The worker API, mirroring horovod.torch: `import elasticrun.torch as hvd` runs a Horovod
+script unchanged. Names Horovod has and elasticrun does not raise NotSupportedError saying
+why (never AttributeError)."""
 
-from elasticrun.torch import elastic
+from typing import Any
+
+from elasticrun.errors import NotSupportedError
+from elasticrun.torch import elastic, runtime
+from elasticrun.torch.builds import (
+    ccl_built,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
+    is_homogeneous,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rocm_built,
+)
+from elasticrun.torch.collectives import (
+    allgather,
+    allgather_async,
+    alltoall,
+    alltoall_async,
+    barrier,
+    broadcast,
+    broadcast_,
+    broadcast_async,
+    broadcast_async_,
+    grouped_allgather,
+    grouped_allgather_async,
+    grouped_reducescatter,
+    grouped_reducescatter_async,
+    reducescatter,
+    reducescatter_async,
+    sparse_allreduce_async,
+)
+from elasticrun.torch.compression import Compression
+from elasticrun.torch.functions import (
+    allgather_object,
+    broadcast_object,
+    broadcast_optimizer_state,
+    broadcast_parameters,
+)
+from elasticrun.torch.handles import poll, synchronize
+from elasticrun.torch.join import join
 from elasticrun.torch.ops import (
+    Adasum,
     Average,
     Max,
     Min,
     Product,
     ReduceOp,
     Sum,
-    allgather_object,
     allreduce,
     allreduce_,
-    broadcast,
-    broadcast_,
-    broadcast_object,
-    broadcast_optimizer_state,
-    broadcast_parameters,
+    allreduce_async,
+    allreduce_async_,
     cross_rank,
     cross_size,
+    grouped_allreduce,
     grouped_allreduce_,
+    grouped_allreduce_async,
+    grouped_allreduce_async_,
     local_rank,
     local_size,
     rank,
     size,
 )
 from elasticrun.torch.optimizer import DistributedOptimizer
-from elasticrun.torch.runtime import init, is_initialized, shutdown
+from elasticrun.torch.process_sets import (
+    ProcessSet,
+    add_process_set,
+    global_process_set,
+    remove_process_set,
+)
+from elasticrun.torch.runtime import is_initialized, shutdown
+from elasticrun.torch.sync_batch_norm import SyncBatchNorm
+from elasticrun.worker.elastic import WorkersFailedError
+from elasticrun.worker.timeline import start_timeline, stop_timeline
+
+# Horovod's collectives raise HorovodInternalError when a peer fails; elasticrun's raise
+# WorkersFailedError, which elastic.run treats the same way.
+HorovodInternalError = WorkersFailedError
+
+_NOT_SUPPORTED = {
+    "mpi_lib": "horovod.torch.mpi_lib is Horovod's compiled extension; elasticrun has none",
+    "mpi_lib_v2": "horovod.torch.mpi_lib_v2 is Horovod's compiled extension; elasticrun has "
+                  "none",
+}
+
+
+def init(comm: Any = None, process_sets: Any = None) -> None:
+    """Joins the job (idempotent); blocks until this worker's round is complete. Horovod's
+    `comm` (an MPI communicator or rank list) and `process_sets` are refused, except the
+    forms that mean "every rank"."""
+    if comm is not None:
+        raise NotSupportedError("init(comm=...): elasticrun has no MPI and always uses every "
+                                "rank of the current round")
+    if process_sets not in (None, [], "dynamic"):
+        raise NotSupportedError("init(process_sets=...): elasticrun supports only the global "
+                                "process set")
+    runtime.init()
+
+
+def __getattr__(name: str) -> Any:
+    if name in _NOT_SUPPORTED:
+        raise NotSupportedError(f"{name}: {_NOT_SUPPORTED[name]}")
+    raise AttributeError(f"module 'elasticrun.torch' has no attribute {name!r}")
+
 
 __all__ = [
-    "Average", "Max", "Min", "Product", "ReduceOp", "Sum",
-    "DistributedOptimizer",
-    "allgather_object", "allreduce", "allreduce_", "broadcast", "broadcast_",
-    "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters",
-    "cross_rank", "cross_size", "elastic", "grouped_allreduce_", "init", "is_initialized",
-    "local_rank", "local_size", "rank", "shutdown", "size",
+    "Adasum", "Average", "Compression", "DistributedOptimizer", "HorovodInternalError", "Max",
+    "Min", "ProcessSet", "Product", "ReduceOp", "Sum", "SyncBatchNorm", "add_process_set",
+    "allgather", "allgather_async", "allgather_object", "allreduce", "allreduce_",
+    "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async", "barrier",
+    "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "broadcast_object",
+    "broadcast_optimizer_state", "broadcast_parameters", "ccl_built", "cross_rank",
+    "cross_size", "cuda_built", "ddl_built", "elastic", "gloo_built", "gloo_enabled",
+    "global_process_set", "grouped_allgather", "grouped_allgather_async",
+    "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
+    "grouped_allreduce_async_", "grouped_reducescatter", "grouped_reducescatter_async",
+    "init", "is_homogeneous", "is_initialized", "join", "local_rank", "local_size",
+    "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "poll", "rank",
+    "reducescatter", "reducescatter_async", "remove_process_set", "rocm_built", "shutdown",
+    "size", "sparse_allreduce_async", "start_timeline", "stop_timeline", "synchronize",
 ]

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from elasticrun.protocol import Notice
-from elasticrun.torch import ops, runtime
+from elasticrun.torch import functions, join, ops, runtime
 from elasticrun.torch.boundary import collective
 from elasticrun.torch.sampler import ElasticSampler
 from elasticrun.torch.state import TorchState
@@ -34,12 +34,14 @@ class TorchBackend:
     communication_errors: tuple[type[BaseException], ...] = (dist.DistError, RuntimeError)
 
     def broadcast_object(self, obj: Any, root_rank: int = 0) -> Any:
-        return ops.broadcast_object(obj, root_rank)
+        return functions.broadcast_object(obj, root_rank)
 
     def start_agreement(self, flag: bool) -> Callable[[], bool]:
         if ops.size() == 1:
             return lambda: flag
         vote = torch.tensor([1 if flag else 0], dtype=torch.int32)
+        # announced like an allreduce, so a rank that called join() serves it too
+        join.announce(join.ALLREDUCE, 1, vote.dtype, dist.ReduceOp.MAX)
         with collective("the host-change agreement"):
             work = dist.all_reduce(vote, op=dist.ReduceOp.MAX, async_op=True)
 

@@ -1,13 +1,21 @@
-"""Tensor fusion: many small tensors travel as a few flat buckets, one collective each."""
+"""Tensor fusion: many small tensors travel as a few flat buckets, one collective each.
+
+`launch` starts a collective on every bucket (all in flight at once) and returns them;
+`unflatten` copies a completed bucket back into its tensors; `fused_collective` does both
+and waits. A contiguous tensor alone in its bucket is the bucket (changed in place)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
 from elasticrun.torch.boundary import collective
+from elasticrun.worker import timeline
 
 DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
 ALONE_BYTES = 1024 * 1024
@@ -35,47 +43,101 @@ def buckets(tensors: Sequence[torch.Tensor], bucket_bytes: int,
     return groups
 
 
+class Waitable(Protocol):
+    """A torch Work, or a collective header (join.Header)."""
+
+    def is_completed(self) -> bool: ...
+
+    def wait(self) -> Any: ...
+
+
+@dataclass
+class Bucket:
+    members: list[int]  # indices into the tensors
+    flat: torch.Tensor
+    works: list[Waitable]
+    launched: float = 0.0  # wall clock, when the timeline is on
+
+    def in_place(self, tensors: Sequence[torch.Tensor]) -> bool:
+        return len(self.members) == 1 and \
+            self.flat.data_ptr() == tensors[self.members[0]].data_ptr()
+
+
+def flatten(tensors: Sequence[torch.Tensor], members: list[int]) -> torch.Tensor:
+    chosen = [tensors[i] for i in members]
+    if len(chosen) == 1 and chosen[0].is_contiguous():
+        # A tensor alone in its bucket (a large layer) is used in place: copying it out
+        # and back would cost two passes over the largest tensors.
+        return chosen[0].detach().view(-1)
+    return torch.cat([t.detach().reshape(-1) for t in chosen])
+
+
+def launch(tensors: Sequence[torch.Tensor], start: Callable[[torch.Tensor], list[Waitable]],
+           bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> list[Bucket]:
+    """Flattens `tensors` into buckets and starts `start(flat)` on each, in order."""
+    started = []
+    for group in buckets(tensors, bucket_bytes):
+        flat = flatten(tensors, group)
+        stamp = time.time() if timeline.enabled() else 0.0
+        started.append(Bucket(group, flat, start(flat), stamp))
+    return started
+
+
+def unflatten(bucket: Bucket, tensors: Sequence[torch.Tensor]) -> None:
+    """Copies a completed bucket's values back into its tensors."""
+    if bucket.in_place(tensors):
+        return
+    offset = 0
+    for i in bucket.members:
+        target = tensors[i]
+        count = target.numel()
+        target.data.copy_(bucket.flat[offset:offset + count].view_as(target))
+        offset += count
+
+
+def record(what: str, index: int, bucket: Bucket, waited: float) -> None:
+    """One "fusion" event per bucket: its launch to its completion (timeline on only)."""
+    if not bucket.launched:
+        return
+    done = time.time()
+    timeline.record(what, "fusion", bucket.launched, done, bucket=index,
+                    tensors=len(bucket.members),
+                    bytes=bucket.flat.numel() * bucket.flat.element_size(),
+                    queue_ms=round((waited - bucket.launched) * 1e3, 3),
+                    run_ms=round((done - waited) * 1e3, 3))
+
+
 def fused_collective(
     tensors: Sequence[torch.Tensor],
-    launch: Callable[[torch.Tensor], dist.Work | None],
+    launch_one: Callable[[torch.Tensor], dist.Work | None],
     finish: Callable[[torch.Tensor], None] | None = None,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     what: str = "fused collective",
 ) -> None:
-    """Runs `launch` (an async collective) on each bucket, all in flight at once, then
+    """Runs `launch_one` (an async collective) on each bucket, all in flight at once, then
     copies the results back into `tensors` in place. `finish` post-processes a bucket.
-    A contiguous tensor alone in its bucket is the bucket: it changes in place, so after a
-    failed collective it may hold partial results (elastic training restores the commit).
-    A launch or wait that fails to communicate raises WorkersFailedError."""
-    pending: list[tuple[list[int], torch.Tensor, dist.Work | None]] = []
+    A tensor alone in its bucket changes in place, so after a failed collective it may hold
+    partial results (elastic training restores the commit). A launch or wait that fails to
+    communicate raises WorkersFailedError."""
+
+    def start(flat: torch.Tensor) -> list[Waitable]:
+        with collective(what, nbytes=flat.numel() * flat.element_size()):
+            work = launch_one(flat)
+        return [] if work is None else [work]
+
+    started: list[Bucket] = []
     try:
-        for group in buckets(tensors, bucket_bytes):
-            members = [tensors[i] for i in group]
-            if len(members) == 1 and members[0].is_contiguous():
-                # A tensor alone in its bucket (a large layer) is used in place: copying
-                # it out and back would cost two passes over the largest tensors.
-                flat = members[0].detach().view(-1)
-            else:
-                flat = torch.cat([t.detach().reshape(-1) for t in members])
-            with collective(what):
-                work = launch(flat)
-            pending.append((group, flat, work))
-        for group, flat, work in pending:
-            if work is not None:
-                with collective(what):
+        started = launch(tensors, start, bucket_bytes)
+        for index, bucket in enumerate(started):
+            waited = time.time() if bucket.launched else 0.0
+            for work in bucket.works:
+                with collective(what, nbytes=bucket.flat.numel() * bucket.flat.element_size()):
                     work.wait()
+            record(what, index, bucket, waited)
             if finish is not None:
-                finish(flat)
-            if len(group) == 1 and flat.data_ptr() == tensors[group[0]].data_ptr():
-                continue  # reduced in place
-            offset = 0
-            for i in group:
-                target = tensors[i]
-                count = target.numel()
-                target.data.copy_(flat[offset:offset + count].view_as(target))
-                offset += count
+                finish(bucket.flat)
+            unflatten(bucket, tensors)
     finally:
         # A Work keeps its Gloo context, and so its sockets, alive: a failed round's works
         # must not outlive the failure, or peers waiting on this process never see it go.
-        pending.clear()
-        work = None  # noqa: F841
+        started.clear()

@@ -1,34 +1,43 @@
-"""Collectives in the horovod.torch style, over the current round's Gloo process group.
+"""Allreduce in the horovod.torch style, over the current round's Gloo process group.
 
-Each raises WorkersFailedError when it fails to communicate (a peer died, hung, or the
-round broke); misuse (ValueError, TypeError) passes unchanged."""
+Every variant Horovod has: in place or not, one tensor or a group, synchronous or with a
+handle for `poll`/`synchronize`, with Horovod's keywords (`op`, the deprecated `average`,
+`name`, `compression`, `prescale_factor`, `postscale_factor`, `process_set`). Each raises
+WorkersFailedError when it fails to communicate (a peer died, hung, or the round broke);
+misuse (ValueError, TypeError) passes unchanged. Adasum is the real adaptive summation
+(elasticrun/torch/adasum.py), not an alias.
+"""
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+import time
+import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from elasticrun.torch import runtime
+from elasticrun.torch import fusion, handles, join, runtime
+from elasticrun.torch.adasum import adasum_allreduce_
 from elasticrun.torch.boundary import collective
-from elasticrun.torch.fusion import fused_collective
+from elasticrun.torch.compression import Compression, Compressor
+from elasticrun.torch.process_sets import ProcessSet, check, global_process_set
 
 
 class ReduceOp(enum.Enum):
     AVERAGE = "average"
     SUM = "sum"
+    ADASUM = "adasum"
     MIN = "min"
     MAX = "max"
     PRODUCT = "product"
 
 
-Average, Sum, Min, Max, Product = (ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX,
-                                   ReduceOp.PRODUCT)
-_TORCH_OPS = {
+Average, Sum, Adasum, Min, Max, Product = (ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.ADASUM,
+                                           ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT)
+TORCH_OPS = {
     ReduceOp.AVERAGE: dist.ReduceOp.SUM, ReduceOp.SUM: dist.ReduceOp.SUM,
     ReduceOp.MIN: dist.ReduceOp.MIN, ReduceOp.MAX: dist.ReduceOp.MAX,
     ReduceOp.PRODUCT: dist.ReduceOp.PRODUCT,
@@ -59,6 +68,33 @@ def cross_size() -> int:
     return runtime.current().slot.cross_size
 
 
+def resolve_op(op: ReduceOp | None, average: bool | None) -> ReduceOp:
+    """Horovod's rule for the deprecated `average` argument: `op` wins, both is an error."""
+    if op is not None:
+        if average is not None:
+            raise ValueError("The op parameter supersedes average. Please provide only one "
+                             "of them.")
+        if not isinstance(op, ReduceOp):
+            raise ValueError(f"op={op!r}: expected one of Average, Sum, Adasum, Min, Max, "
+                             "Product")
+        return op
+    if average is not None:
+        warnings.warn("Parameter `average` has been replaced with `op` and will be removed in "
+                      "v1.0", DeprecationWarning, stacklevel=3)
+        return Average if average else Sum
+    return Average
+
+
+def scale_(tensor: torch.Tensor, factor: float) -> None:
+    """Multiplies in place; integers are scaled in double and truncated, as Horovod does."""
+    if factor == 1.0:
+        return
+    if tensor.is_floating_point() or tensor.is_complex():
+        tensor.mul_(factor)
+    else:
+        tensor.copy_((tensor.double() * factor).to(tensor.dtype))
+
+
 def _divide(tensor: torch.Tensor, divisor: int) -> None:
     if tensor.is_floating_point() or tensor.is_complex():
         tensor.div_(divisor)
@@ -66,139 +102,166 @@ def _divide(tensor: torch.Tensor, divisor: int) -> None:
         tensor.floor_divide_(divisor)
 
 
-def allreduce_(tensor: torch.Tensor, op: ReduceOp = Average) -> torch.Tensor:
-    """Reduces `tensor` across all ranks in place and returns it."""
-    with collective("allreduce"):
-        dist.all_reduce(tensor, op=_TORCH_OPS[op])
-    if op is ReduceOp.AVERAGE:
-        _divide(tensor, size())
-    return tensor
+def _start_allreduce(flat: torch.Tensor, op: ReduceOp) -> list[fusion.Waitable]:
+    torch_op = TORCH_OPS[op]
+    header = join.announce(join.ALLREDUCE, flat.numel(), flat.dtype, torch_op)
+    with collective("allreduce", nbytes=flat.numel() * flat.element_size(), op=op.value):
+        work = dist.all_reduce(flat, op=torch_op, async_op=True)
+    return [header, work]
 
 
-def allreduce(tensor: torch.Tensor, op: ReduceOp = Average) -> torch.Tensor:
-    """Returns a new tensor: `tensor` reduced across all ranks (average by default)."""
-    return allreduce_(tensor.detach().clone(), op)
+def start_grouped(tensors: Sequence[torch.Tensor], op: ReduceOp, name: str | None = None,
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0
+                  ) -> handles.Pending:
+    """Starts reducing `tensors` in place, fused into a few buckets (Adasum completes here)."""
+    tensors = list(tensors)
+    what = f"allreduce {name}" if name else "allreduce"
+    for tensor in tensors:
+        scale_(tensor, prescale_factor)
 
+    def done() -> list[torch.Tensor]:
+        for tensor in tensors:
+            scale_(tensor, postscale_factor)
+        return tensors
 
-def grouped_allreduce_(tensors: list[torch.Tensor], op: ReduceOp = Average) -> None:
-    """Reduces many tensors in place with a few fused collectives."""
     world = size()
+    if op is ReduceOp.ADASUM:
+        join.announced(join.ADASUM)
+        adasum_allreduce_(tensors)
+        return handles.Pending(what, [], done, op=op.value)
+    if world == 1:
+        return handles.Pending(what, [], done, op=op.value)
+    launched = fusion.launch(tensors, lambda flat: _start_allreduce(flat, op))
 
-    def launch(flat: torch.Tensor) -> dist.Work | None:
-        return dist.all_reduce(flat, op=_TORCH_OPS[op], async_op=True)
+    def finish() -> list[torch.Tensor]:  # the handle has waited for every bucket
+        waited = time.time()
+        for index, bucket in enumerate(launched):
+            fusion.record(what, index, bucket, waited)
+            if op is ReduceOp.AVERAGE:
+                _divide(bucket.flat, world)
+            scale_(bucket.flat, postscale_factor)
+            fusion.unflatten(bucket, tensors)
+        return tensors
 
-    def finish(flat: torch.Tensor) -> None:
-        if op is ReduceOp.AVERAGE:
-            _divide(flat, world)
-
-    fused_collective(tensors, launch, finish, what="grouped allreduce")
-
-
-def broadcast_(tensor: torch.Tensor, root_rank: int = 0) -> torch.Tensor:
-    with collective("broadcast"):
-        dist.broadcast(tensor, src=root_rank)
-    return tensor
-
-
-def broadcast(tensor: torch.Tensor, root_rank: int = 0) -> torch.Tensor:
-    return broadcast_(tensor.detach().clone(), root_rank)
-
-
-def broadcast_object(obj: Any = None, root_rank: int = 0) -> Any:
-    """Returns root_rank's `obj` on every rank (pickled; use for small objects)."""
-    holder = [obj]
-    with collective("broadcast_object"):
-        dist.broadcast_object_list(holder, src=root_rank)
-    return holder[0]
+    works = [work for bucket in launched for work in bucket.works]
+    nbytes = sum(t.numel() * t.element_size() for t in tensors)
+    return handles.Pending(what, works, finish, nbytes=nbytes, op=op.value)
 
 
-def allgather_object(obj: Any) -> list[Any]:
-    """Returns every rank's `obj`, indexed by rank."""
-    gathered: list[Any] = [None] * size()
-    with collective("allgather_object"):
-        dist.all_gather_object(gathered, obj)
-    return gathered
+def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | None = None,
+                             name: str | None = None, op: ReduceOp | None = None,
+                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                             process_set: ProcessSet | None = global_process_set) -> int:
+    """Starts reducing `tensors` in place (fused into a few buckets); returns a handle."""
+    op = resolve_op(op, average)
+    check(process_set, "allreduce")
+    return handles.register(start_grouped(tensors, op, name, prescale_factor,
+                                          postscale_factor))
 
 
-def broadcast_parameters(
-    params: Mapping[str, torch.Tensor]
-    | Iterable[tuple[str, torch.Tensor]]
-    | Iterable[torch.Tensor],
-    root_rank: int = 0,
-) -> None:
-    """Overwrites the given tensors in place with root_rank's values (fused).
-
-    Accepts `model.state_dict()`, `model.named_parameters()` or a list of tensors.
-    """
-    items = params.values() if isinstance(params, Mapping) else params
-    tensors = [item[1] if isinstance(item, tuple) else item for item in items]
-    tensors = [t for t in tensors if isinstance(t, torch.Tensor)]
-    if tensors:
-        fused_collective(tensors, lambda flat: dist.broadcast(flat, src=root_rank, async_op=True),
-                         what="broadcast_parameters")
+def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | None = None,
+                            name: str | None = None, op: ReduceOp | None = None,
+                            prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                            process_set: ProcessSet | None = global_process_set) -> int:
+    """Starts reducing copies of `tensors` (left unchanged); returns a handle."""
+    outputs = [t.detach().clone() for t in tensors]
+    return grouped_allreduce_async_(outputs, average, name, op, prescale_factor,
+                                    postscale_factor, process_set)
 
 
-@dataclass(frozen=True)
-class _TensorLeaf:
-    index: int
-    shape: tuple[int, ...]
-    dtype: torch.dtype
+def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = None,
+                       name: str | None = None, op: ReduceOp | None = None,
+                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                       process_set: ProcessSet | None = global_process_set
+                       ) -> list[torch.Tensor]:
+    """Reduces `tensors` in place and returns them."""
+    return handles.synchronize(grouped_allreduce_async_(
+        tensors, average, name, op, prescale_factor, postscale_factor, process_set))
 
 
-def broadcast_tree(tree: Any, root_rank: int = 0) -> Any:
-    """Returns root_rank's nested dict/list/tuple structure on every rank. The structure
-    travels pickled; its tensors travel as fused broadcasts, not through pickle."""
-    tensors: list[torch.Tensor] = []
-
-    def strip(node: Any) -> Any:
-        if isinstance(node, torch.Tensor):
-            tensors.append(node.detach())
-            return _TensorLeaf(len(tensors) - 1, tuple(node.shape), node.dtype)
-        if isinstance(node, dict):
-            return {key: strip(value) for key, value in node.items()}
-        if isinstance(node, (list, tuple)):
-            stripped = [strip(value) for value in node]
-            return stripped if isinstance(node, list) else tuple(stripped)
-        return node
-
-    is_root = rank() == root_rank
-    skeleton = broadcast_object(strip(tree) if is_root else None, root_rank)
-    leaves: list[_TensorLeaf] = []
-
-    def collect(node: Any) -> None:
-        if isinstance(node, _TensorLeaf):
-            leaves.append(node)
-        elif isinstance(node, dict):
-            for value in node.values():
-                collect(value)
-        elif isinstance(node, (list, tuple)):
-            for value in node:
-                collect(value)
-
-    collect(skeleton)
-    if not is_root:
-        tensors = [torch.empty(leaf.shape, dtype=leaf.dtype) for leaf in leaves]
-    else:
-        tensors = [t.contiguous() for t in tensors]
-    if tensors:
-        fused_collective(tensors, lambda flat: dist.broadcast(flat, src=root_rank, async_op=True),
-                         what="broadcast_tree")
-
-    def rebuild(node: Any) -> Any:
-        if isinstance(node, _TensorLeaf):
-            return tensors[node.index]
-        if isinstance(node, dict):
-            return {key: rebuild(value) for key, value in node.items()}
-        if isinstance(node, (list, tuple)):
-            rebuilt = [rebuild(value) for value in node]
-            return rebuilt if isinstance(node, list) else tuple(rebuilt)
-        return node
-
-    return rebuild(skeleton)
+def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+                     op: ReduceOp | None = None, prescale_factor: float = 1.0,
+                     postscale_factor: float = 1.0,
+                     process_set: ProcessSet | None = global_process_set) -> int:
+    op = resolve_op(op, average)
+    check(process_set, "allreduce")
+    pending = start_grouped([tensor], op, name, prescale_factor, postscale_factor)
+    finish = pending.finish
+    pending.finish = lambda: finish()[0]
+    return handles.register(pending)
 
 
-def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0) -> None:
-    """Makes every rank's optimizer state (and hyper-parameters) equal root_rank's."""
-    state = broadcast_tree(optimizer.state_dict(), root_rank)
-    if rank() != root_rank:
-        optimizer.load_state_dict(state)
+def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+                    op: ReduceOp | None = None, prescale_factor: float = 1.0,
+                    postscale_factor: float = 1.0,
+                    process_set: ProcessSet | None = global_process_set) -> int:
+    return allreduce_async_(tensor.detach().clone(), average, name, op, prescale_factor,
+                            postscale_factor, process_set)
+
+
+def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+               op: ReduceOp | None = None, prescale_factor: float = 1.0,
+               postscale_factor: float = 1.0,
+               process_set: ProcessSet | None = global_process_set) -> torch.Tensor:
+    """Reduces `tensor` across all ranks in place and returns it."""
+    return handles.synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
+                                                postscale_factor, process_set))
+
+
+class _Allreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, op: ReduceOp, name: str | None,
+                prescale: float, postscale: float) -> torch.Tensor:
+        ctx.settings = (op, prescale, postscale)
+        return allreduce_(tensor.detach().clone(), None, name, op, prescale, postscale)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        op, prescale, postscale = ctx.settings
+        return (allreduce_(grad.detach().clone(), None, None, op, prescale, postscale),
+                None, None, None, None)
+
+
+def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+              compression: type[Compressor] = Compression.none, op: ReduceOp | None = None,
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+              process_set: ProcessSet | None = global_process_set) -> torch.Tensor:
+    """Returns a new tensor: `tensor` reduced across all ranks (average by default).
+    Differentiable: the gradient is the same reduction of the output's gradient."""
+    op = resolve_op(op, average)
+    check(process_set, "allreduce")
+    compressed, context = compression.compress(tensor)
+    reduced = _Allreduce.apply(compressed, op, name, prescale_factor, postscale_factor)
+    return compression.decompress(reduced, context)
+
+
+class _GroupedAllreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, op: ReduceOp, name: str | None, prescale: float, postscale: float,
+                *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.settings = (op, prescale, postscale)
+        return tuple(grouped_allreduce_([t.detach().clone() for t in tensors], None, name, op,
+                                        prescale, postscale))
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
+        op, prescale, postscale = ctx.settings
+        reduced = grouped_allreduce_([g.detach().clone() for g in grads], None, None, op,
+                                     prescale, postscale)
+        return (None, None, None, None, *reduced)
+
+
+def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = None,
+                      name: str | None = None, compression: type[Compressor] = Compression.none,
+                      op: ReduceOp | None = None, prescale_factor: float = 1.0,
+                      postscale_factor: float = 1.0,
+                      process_set: ProcessSet | None = global_process_set
+                      ) -> list[torch.Tensor]:
+    """New tensors: each of `tensors` reduced across all ranks, in a few fused collectives."""
+    op = resolve_op(op, average)
+    check(process_set, "grouped_allreduce")
+    pairs = [compression.compress(t) for t in tensors]
+    reduced = _GroupedAllreduce.apply(op, name, prescale_factor, postscale_factor,
+                                      *[c for c, _ in pairs])
+    return [compression.decompress(r, context)
+            for r, (_, context) in zip(reduced, pairs, strict=True)]

@@ -1,42 +1,93 @@
-"""DistributedOptimizer: averages gradients across ranks before the wrapped optimizer steps.
+"""DistributedOptimizer: gradients are reduced across ranks while backward still runs.
 
-The returned object is an instance of a subclass of the wrapped optimizer's class that
-shares its parameter groups and state, so schedulers and isinstance checks keep working.
-Gradients travel fused into buckets (one collective per bucket, all in flight at once).
+As in Horovod and DDP, each parameter's gradient hook counts the backward passes; when the
+last pass of a step (`backward_passes_per_step`) has produced every gradient of a bucket,
+the bucket's allreduce starts at once, overlapping the rest of backward. Buckets start in
+one fixed order on every rank (DDP's rule), so ranks whose gradients arrive in different
+orders still issue the same collectives in the same order. `step()` (or `synchronize()`,
+e.g. before clipping) starts what has not started and waits for everything.
+
+With `op=Adasum` the optimizer reduces the *update* instead, as Horovod does: each rank
+takes its local step, and the change of the parameters is combined with Adasum.
+
+The returned object is an instance of a subclass of the wrapped optimizer's class sharing
+its parameter groups and state, so schedulers and isinstance checks keep working.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from elasticrun.torch.ops import Average, ReduceOp, grouped_allreduce_
+from elasticrun.torch import handles, runtime
+from elasticrun.torch.collectives import sparse_allreduce_async
+from elasticrun.torch.compression import Compression, Compressor
+from elasticrun.torch.ops import Adasum, Average, ReduceOp, resolve_op, start_grouped
+from elasticrun.torch.process_sets import ProcessSet, check, global_process_set
+from elasticrun.worker import timeline
+
+BUCKET_BYTES = 4 * 1024 * 1024  # small enough to overlap backward on CPU models
+
+
+@dataclass
+class _Bucket:
+    params: list[torch.Tensor]
+    ready: int = 0  # parameters whose last backward pass of this step is done
+    pending: handles.Pending | None = None
+    grads: list[torch.Tensor] = field(default_factory=list)  # what is being reduced
+    contexts: list[Any] = field(default_factory=list)
+    sparse: list[tuple[torch.Tensor, int]] = field(default_factory=list)
+
+
+def _layout(params: list[torch.Tensor], groups: int | Sequence[Sequence[torch.Tensor]] | None,
+            bucket_bytes: int) -> list[list[torch.Tensor]]:
+    """Buckets in launch order. Gradients arrive roughly from the last layer to the first,
+    so buckets follow the parameters backwards."""
+    backwards = list(reversed(params))
+    if isinstance(groups, int) and groups > 0:
+        per = -(-len(backwards) // groups)
+        return [backwards[i:i + per] for i in range(0, len(backwards), per)]
+    if groups is not None and not isinstance(groups, int):
+        listed = [[p for p in group if p.requires_grad] for group in groups]
+        seen = {id(p) for group in listed for p in group}
+        if len(seen) != sum(len(group) for group in listed):
+            raise ValueError("groups: a parameter can only appear once in groups")
+        return [g for g in listed if g] + [[p] for p in backwards if id(p) not in seen]
+    layout: list[list[torch.Tensor]] = []
+    used = bucket_bytes
+    for p in backwards:
+        nbytes = p.numel() * p.element_size()
+        if not layout or used + nbytes > bucket_bytes or p.dtype != layout[-1][0].dtype:
+            layout.append([])
+            used = 0
+        layout[-1].append(p)
+        used += nbytes
+    return layout
 
 
 class _DistributedMixin:
-    _er_params: list[torch.Tensor]
-    _er_names: dict[int, str]
-    _er_op: ReduceOp
-    _er_passes: int
-    _er_synchronized: bool
-    _er_skip_sync: bool
     param_groups: list[dict[str, Any]]
 
-    def _er_setup(
-        self,
-        named_parameters: Iterable[tuple[str, torch.Tensor]] | None,
-        backward_passes_per_step: int,
-        op: ReduceOp,
-    ) -> None:
+    def _er_setup(self, named_parameters: Iterable[tuple[str, torch.Tensor]] | None,
+                  compression: type[Compressor], backward_passes_per_step: int, op: ReduceOp,
+                  gradient_predivide_factor: float,
+                  groups: int | Sequence[Sequence[torch.Tensor]] | None,
+                  sparse_as_dense: bool, overlap: bool) -> None:
         params = [p for group in self.param_groups for p in group["params"]]
         if named_parameters is not None:
             named = list(named_parameters)
+            if any(not isinstance(item, tuple) for item in named):
+                raise ValueError("named_parameters should be a sequence of (name, parameter) "
+                                 "tuples, usually produced by model.named_parameters()")
             names = [name for name, _ in named]
             if len(set(names)) != len(names):
-                raise ValueError("named_parameters has duplicate names")
+                duplicates = sorted({n for n in names if names.count(n) > 1})
+                raise ValueError(f"named_parameters has duplicate names: {duplicates}")
             known = {id(p) for _, p in named}
             missing = [p for p in params if id(p) not in known]
             if missing:
@@ -44,60 +95,187 @@ class _DistributedMixin:
                                  "named_parameters")
             self._er_names = {id(p): name for name, p in named}
         else:
-            self._er_names = {id(p): f"param.{i}" for i, p in enumerate(params)}
+            self._er_names = {id(p): f"allreduce.noname.{i}" for i, p in enumerate(params)}
         if backward_passes_per_step < 1:
             raise ValueError("backward_passes_per_step must be at least 1")
-        self._er_params = [p for p in params if p.requires_grad]
+        if gradient_predivide_factor != 1.0 and op is not Average:
+            raise ValueError("gradient_predivide_factor not supported with op != Average")
+        self._er_compression = compression
         self._er_op = op
+        self._er_predivide = gradient_predivide_factor
+        self._er_sparse_as_dense = sparse_as_dense
         self._er_passes = backward_passes_per_step
+        trainable = [p for p in params if p.requires_grad]
+        self._er_buckets = [_Bucket(b) for b in _layout(trainable, groups, BUCKET_BYTES)]
+        self._er_bucket_of = {id(p): i for i, b in enumerate(self._er_buckets) for p in b.params}
+        self._er_delay = {id(p): backward_passes_per_step for p in trainable}
+        self._er_next = 0  # the first bucket not started yet in this step
+        self._er_round = -1
         self._er_synchronized = False
-        self._er_skip_sync = False
+        self._er_should_sync = True
+        self._er_hooks: list[Any] = []
+        if overlap and op is not Adasum:
+            self._er_hooks = [p.register_post_accumulate_grad_hook(self._er_on_gradient)
+                              for p in trainable]
 
     @property
     def backward_passes_per_step(self) -> int:
         return self._er_passes
 
-    def synchronize(self) -> None:
-        """Averages the gradients across ranks now (e.g. before clipping them)."""
-        grads = []
-        for p in self._er_params:
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        if passes < 1:
+            raise ValueError("backward_passes_per_step must be at least 1")
+        self._er_passes = passes
+        self._er_forget()
+
+    def _er_forget(self) -> None:
+        """Drops the step's started reductions and counts (a new round, or a restore)."""
+        for bucket in self._er_buckets:
+            bucket.ready, bucket.pending = 0, None
+            bucket.grads, bucket.contexts, bucket.sparse = [], [], []
+        self._er_delay = dict.fromkeys(self._er_delay, self._er_passes)
+        self._er_next = 0
+        self._er_synchronized = False
+        self._er_round = runtime.current().round
+
+    def _er_check_round(self) -> None:
+        if runtime.current().round != self._er_round:
+            self._er_forget()  # the old round's works are gone with its group
+
+    def _er_on_gradient(self, p: torch.Tensor) -> None:
+        self._er_check_round()
+        key = id(p)
+        if self._er_delay[key] <= 0:
+            raise AssertionError("Gradients were computed more than backward_passes_per_step "
+                                 "times before call to step(). Increase "
+                                 "backward_passes_per_step to accumulate gradients locally.")
+        self._er_delay[key] -= 1
+        if self._er_delay[key] == 0:
+            self._er_buckets[self._er_bucket_of[key]].ready += 1
+            while self._er_next < len(self._er_buckets) and \
+                    self._er_buckets[self._er_next].ready == \
+                    len(self._er_buckets[self._er_next].params):
+                self._er_start(self._er_next)
+                self._er_next += 1
+
+    def _er_start(self, index: int) -> None:
+        bucket = self._er_buckets[index]
+        grads: list[torch.Tensor] = []
+        for p in bucket.params:
             if p.grad is None:  # every rank must reduce the same tensors
                 p.grad = torch.zeros_like(p)
+            if p.grad.is_sparse and not self._er_sparse_as_dense:
+                bucket.sparse.append((p, sparse_allreduce_async(p.grad, op=self._er_op)))
+                continue
+            if p.grad.is_sparse:
+                p.grad = p.grad.to_dense()
             grads.append(p.grad)
-        if grads:
-            grouped_allreduce_(grads, self._er_op)
+        compressed = [self._er_compression.compress(g) for g in grads]
+        bucket.contexts = [context for _, context in compressed]
+        name = self._er_names.get(id(bucket.params[0]), "")
+        bucket.pending = start_grouped([c for c, _ in compressed], self._er_op, name,
+                                       1.0 / self._er_predivide, self._er_predivide)
+        bucket.grads = grads
+
+    def synchronize(self) -> None:
+        """Finishes reducing the gradients across ranks now (e.g. before clipping them)."""
+        self._er_check_round()
+        if self._er_op is Adasum:
+            self._er_synchronized = True
+            return
+        while self._er_next < len(self._er_buckets):
+            self._er_start(self._er_next)
+            self._er_next += 1
+        for bucket in self._er_buckets:
+            assert bucket.pending is not None
+            reduced = bucket.pending.wait()
+            for grad, out, context in zip(bucket.grads, reduced, bucket.contexts, strict=True):
+                restored = self._er_compression.decompress(out, context)
+                if restored.data_ptr() != grad.data_ptr():
+                    grad.copy_(restored)
+            for p, handle in bucket.sparse:
+                p.grad = handles.synchronize(handle)
+        self._er_forget()
         self._er_synchronized = True
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
         """Use around step() after calling synchronize() yourself."""
-        self._er_skip_sync = True
+        self._er_should_sync = False
         try:
             yield
         finally:
-            self._er_skip_sync = False
+            self._er_should_sync = True
+
+    def _er_adasum_step(self, closure: Callable[[], float] | None) -> Any:
+        params = [p for b in self._er_buckets for p in b.params if p.grad is not None]
+        starts = [p.detach().clone() for p in params]
+        loss = super().step(closure)  # type: ignore[misc]
+        deltas = [p.detach() - start for p, start in zip(params, starts, strict=True)]
+        compressed = [self._er_compression.compress(d) for d in deltas]
+        reduced = start_grouped([c for c, _ in compressed], Adasum).wait()
+        with torch.no_grad():
+            for p, start, out, (_, context) in zip(params, starts, reduced, compressed,
+                                                   strict=True):
+                p.copy_(start + self._er_compression.decompress(out, context))
+        self._er_forget()
+        return loss
 
     def step(self, closure: Callable[[], float] | None = None) -> Any:
-        if not self._er_synchronized and not self._er_skip_sync:
+        if timeline.enabled():
+            timeline.mark_cycle()
+        if self._er_op is Adasum:
+            return self._er_adasum_step(closure)
+        if self._er_should_sync:
+            if self._er_synchronized:
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "
+                              "after optimizer.synchronize(): the gradients are reduced "
+                              "twice", stacklevel=2)
             self.synchronize()
         self._er_synchronized = False
         return super().step(closure)  # type: ignore[misc]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if any(b.pending is not None for b in self._er_buckets) and \
+                runtime.current().round == self._er_round:
+            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but "
+                                 "before optimizer.step() or optimizer.synchronize(). This is "
+                                 "prohibited as it can cause a race condition.")
+        super().zero_grad(set_to_none)  # type: ignore[misc]
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._er_forget()
+        super().load_state_dict(state_dict)  # type: ignore[misc]
 
 
 def DistributedOptimizer(  # noqa: N802 - a factory named like the class it makes, as in Horovod
     optimizer: torch.optim.Optimizer,
     named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
+    compression: type[Compressor] = Compression.none,
     backward_passes_per_step: int = 1,
-    op: ReduceOp = Average,
+    op: ReduceOp | None = Average,
+    gradient_predivide_factor: float = 1.0,
+    num_groups: int = 0,
+    groups: int | Sequence[Sequence[torch.Tensor]] | None = None,
+    sparse_as_dense: bool = False,
+    process_set: ProcessSet | None = global_process_set,
+    *,
+    overlap: bool = True,
 ) -> torch.optim.Optimizer:
-    """Wraps `optimizer` so that step() first averages gradients across all ranks.
+    """Wraps `optimizer` so that step() uses gradients averaged (by default) across ranks.
 
-    With backward_passes_per_step N, call step() after every N backward passes: the
-    accumulated gradient is reduced once, at step().
+    Horovod's arguments and meaning. With backward_passes_per_step N, call step() after
+    every N backward passes: the accumulated gradient is reduced once. `overlap=False`
+    (elasticrun's) starts every reduction at step() instead of from the gradient hooks.
     """
+    check(process_set, "DistributedOptimizer")
+    op = resolve_op(op, None)
+    if num_groups and groups is None:
+        groups = num_groups
     base: type = type(optimizer)
     cls: type = type(base.__name__, (_DistributedMixin, base), {})
     wrapped: Any = object.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)
-    wrapped._er_setup(named_parameters, backward_passes_per_step, op)
+    wrapped._er_setup(named_parameters, compression, backward_passes_per_step, op,
+                      gradient_predivide_factor, groups, sparse_as_dense, overlap)
     return wrapped  # type: ignore[no-any-return]

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from elasticrun.torch import ops
+from elasticrun.torch import functions
 from elasticrun.worker.elastic import Backend, State
 
 _RESERVED = {"model", "optimizer"}
@@ -112,11 +112,11 @@ class TorchState(State):
     def sync(self) -> None:
         """Makes every rank's state rank 0's, then commits it."""
         if self.model is not None:
-            ops.broadcast_parameters(self.model.state_dict(), root_rank=0)
+            functions.broadcast_parameters(self.model.state_dict(), root_rank=0)
         if self.optimizer is not None:
-            ops.broadcast_optimizer_state(self.optimizer, root_rank=0)
+            functions.broadcast_optimizer_state(self.optimizer, root_rank=0)
         if self._object_names:
-            self._load_objects(ops.broadcast_tree(self._object_states(), root_rank=0))
+            self._load_objects(functions.broadcast_tree(self._object_states(), root_rank=0))
         self.save()
 
     def __setattr__(self, name: str, value: Any) -> None:

@@ -1,0 +1,59 @@
+"""Horovod's build and runtime queries, answered for elasticrun: its data plane is
+torch.distributed's Gloo (CPU tensors), with no MPI, NCCL, DDL, oneCCL or ROCm code of its
+own. Scripts use these to choose code paths (`if hvd.nccl_built(): ...`)."""
+
+from __future__ import annotations
+
+from elasticrun.torch import runtime
+
+
+def gloo_built() -> bool:
+    return True
+
+
+def gloo_enabled() -> bool:
+    return True
+
+
+def mpi_built() -> bool:
+    return False
+
+
+def mpi_enabled() -> bool:
+    return False
+
+
+def mpi_threads_supported() -> bool:
+    """Horovod raises ValueError when MPI is not enabled; so does elasticrun, which has none."""
+    raise ValueError("elasticrun does not use MPI (mpi_enabled() is False), so there is no "
+                     "MPI threading to query")
+
+
+def nccl_built() -> bool:
+    return False
+
+
+def cuda_built() -> bool:
+    return False
+
+
+def rocm_built() -> bool:
+    return False
+
+
+def ddl_built() -> bool:
+    return False
+
+
+def ccl_built() -> bool:
+    return False
+
+
+def is_initialized() -> bool:
+    return runtime.is_initialized()
+
+
+def is_homogeneous() -> bool:
+    """Whether every host runs the same number of ranks."""
+    slot = runtime.current().slot
+    return slot.size == slot.local_size * slot.cross_size

@@ -1,0 +1,138 @@
+"""Horovod's helper functions (horovod/torch/functions.py): objects, parameters and
+optimizer state from one rank to all. Objects travel pickled; tensors travel as fused
+broadcasts. Each is announced to joined ranks first (join.py), which refuse them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from elasticrun.torch import join, runtime
+from elasticrun.torch.boundary import collective
+from elasticrun.torch.fusion import fused_collective
+from elasticrun.torch.process_sets import ProcessSet, check, global_process_set
+
+
+def _rank() -> int:
+    return runtime.current().slot.rank
+
+
+def _size() -> int:
+    return runtime.current().slot.size
+
+
+def broadcast_object(obj: Any = None, root_rank: int = 0, name: str | None = None,
+                     process_set: ProcessSet | None = global_process_set) -> Any:
+    """Returns root_rank's `obj` on every rank (pickled; use for small objects)."""
+    check(process_set, "broadcast_object")
+    if _size() == 1:
+        return obj
+    join.announced(join.OBJECT)
+    holder = [obj]
+    with collective("broadcast_object"):
+        dist.broadcast_object_list(holder, src=root_rank)
+    return holder[0]
+
+
+def allgather_object(obj: Any, name: str | None = None) -> list[Any]:
+    """Returns every rank's `obj`, indexed by rank."""
+    if _size() == 1:
+        return [obj]
+    join.announced(join.OBJECT)
+    gathered: list[Any] = [None] * _size()
+    with collective("allgather_object"):
+        dist.all_gather_object(gathered, obj)
+    return gathered
+
+
+def broadcast_parameters(
+    params: Mapping[str, torch.Tensor]
+    | Iterable[tuple[str, torch.Tensor]]
+    | Iterable[torch.Tensor],
+    root_rank: int = 0,
+) -> None:
+    """Overwrites the given tensors in place with root_rank's values (fused).
+
+    Accepts `model.state_dict()`, `model.named_parameters()` or a list of tensors.
+    """
+    items = params.values() if isinstance(params, Mapping) else params
+    tensors = [item[1] if isinstance(item, tuple) else item for item in items]
+    tensors = [t for t in tensors if isinstance(t, torch.Tensor)]
+    if tensors and _size() > 1:
+        join.announced(join.BROADCAST)
+        fused_collective(tensors, lambda flat: dist.broadcast(flat, src=root_rank, async_op=True),
+                         what="broadcast_parameters")
+
+
+@dataclass(frozen=True)
+class _TensorLeaf:
+    index: int
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+def broadcast_tree(tree: Any, root_rank: int = 0) -> Any:
+    """Returns root_rank's nested dict/list/tuple structure on every rank. The structure
+    travels pickled; its tensors travel as fused broadcasts, not through pickle."""
+    tensors: list[torch.Tensor] = []
+
+    def strip(node: Any) -> Any:
+        if isinstance(node, torch.Tensor):
+            tensors.append(node.detach())
+            return _TensorLeaf(len(tensors) - 1, tuple(node.shape), node.dtype)
+        if isinstance(node, dict):
+            return {key: strip(value) for key, value in node.items()}
+        if isinstance(node, (list, tuple)):
+            stripped = [strip(value) for value in node]
+            return stripped if isinstance(node, list) else tuple(stripped)
+        return node
+
+    is_root = _rank() == root_rank
+    skeleton = broadcast_object(strip(tree) if is_root else None, root_rank)
+    leaves: list[_TensorLeaf] = []
+
+    def collect(node: Any) -> None:
+        if isinstance(node, _TensorLeaf):
+            leaves.append(node)
+        elif isinstance(node, dict):
+            for value in node.values():
+                collect(value)
+        elif isinstance(node, (list, tuple)):
+            for value in node:
+                collect(value)
+
+    collect(skeleton)
+    if not is_root:
+        tensors = [torch.empty(leaf.shape, dtype=leaf.dtype) for leaf in leaves]
+    else:
+        tensors = [t.contiguous() for t in tensors]
+    if tensors and _size() > 1:
+        join.announced(join.BROADCAST)
+        fused_collective(tensors, lambda flat: dist.broadcast(flat, src=root_rank, async_op=True),
+                         what="broadcast_tree")
+
+    def rebuild(node: Any) -> Any:
+        if isinstance(node, _TensorLeaf):
+            return tensors[node.index]
+        if isinstance(node, dict):
+            return {key: rebuild(value) for key, value in node.items()}
+        if isinstance(node, (list, tuple)):
+            rebuilt = [rebuild(value) for value in node]
+            return rebuilt if isinstance(node, list) else tuple(rebuilt)
+        return node
+
+    return rebuild(skeleton)
+
+
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0,
+                              model: torch.nn.Module | None = None) -> None:
+    """Makes every rank's optimizer state (per-parameter state such as momentum, and the
+    hyper-parameters of every group, such as a scheduler's learning rate) root_rank's.
+    `model` is accepted for Horovod's signature (it needs it for sparse gradients)."""
+    state = broadcast_tree(optimizer.state_dict(), root_rank)
+    if _rank() != root_rank:
+        optimizer.load_state_dict(state)

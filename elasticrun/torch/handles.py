@@ -1,0 +1,75 @@
+"""Handles of asynchronous collectives: `poll(handle)` and `synchronize(handle)`, as Horovod.
+
+An async collective launches its Gloo works at once and returns an int handle; the works
+run in the background; `synchronize` waits for them (turning a failed peer into
+WorkersFailedError) and returns the result, which `finish` computes from the completed
+buffers (a division for Average, a copy back for in-place variants, a decompression).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from elasticrun.torch.boundary import collective
+from elasticrun.torch.fusion import Waitable
+from elasticrun.worker import timeline
+
+
+@dataclass
+class Pending:
+    what: str
+    works: list[Waitable]
+    finish: Callable[[], Any]
+    nbytes: int = 0
+    op: str = ""
+    launched: float = field(default_factory=time.time)
+
+    def completed(self) -> bool:
+        return all(work.is_completed() for work in self.works)
+
+    def wait(self) -> Any:
+        waited = time.time()
+        with collective(self.what):
+            for work in self.works:
+                work.wait()
+        result = self.finish()
+        if timeline.enabled():
+            timeline.record(self.what, "collective", self.launched, time.time(),
+                            bytes=self.nbytes, op=self.op,
+                            queue_ms=round((waited - self.launched) * 1e3, 3))
+        return result
+
+
+_pending: dict[int, Pending] = {}
+_numbers = itertools.count(1)
+
+
+def register(pending: Pending) -> int:
+    handle = next(_numbers)
+    _pending[handle] = pending
+    return handle
+
+
+def poll(handle: int) -> bool:
+    """True once the collective behind `handle` has completed (synchronize will not block)."""
+    pending = _pending.get(handle)
+    if pending is None:
+        raise ValueError(f"poll({handle!r}): no such handle (already synchronized?)")
+    with collective(pending.what):
+        return pending.completed()
+
+
+def synchronize(handle: int) -> Any:
+    """Waits for the collective behind `handle` and returns its result (None for a handle
+    that is not pending, as with Horovod)."""
+    pending = _pending.pop(handle, None)
+    return None if pending is None else pending.wait()
+
+
+def forget_all() -> None:
+    """Drops every pending handle (a reset: their round's works are gone)."""
+    _pending.clear()
