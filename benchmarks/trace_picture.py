@@ -138,7 +138,8 @@ def draw(events: list[dict[str, Any]], kill_s: float | None, path: Path) -> Path
         if last < zero:
             axes.annotate(f"SIGKILLed: its events of the last {(zero - last) * 1e3:.0f} ms "
                           f"were not sent yet (workers send every 0.5 s) and died with it",
-                          (-BEFORE_S, height[(pid, "collective")]), xytext=(6, 0),
+                          (max(last - zero, -BEFORE_S), height[(pid, "collective")]),
+                          xytext=(8, 0),
                           textcoords="offset points", fontsize=8, va="center",
                           color="dimgray", bbox={"facecolor": "white", "edgecolor": "none"})
     top = len(rows) + 0.5

@@ -26,6 +26,7 @@ from typing import Any
 
 from elasticrun import protocol
 from elasticrun.worker.client import DriverClient, DriverUnreachableError, RequestRefusedError
+from elasticrun.worker.timeline_tracks import Tracks
 
 log = logging.getLogger("elasticrun.timeline")
 
@@ -35,10 +36,13 @@ MAX_BATCH = 4000  # events per request (well below the server's body limit)
 MAX_PENDING = 200_000  # kept while the driver does not take them; the oldest go first
 TEXT_LIMIT = 200
 
-# The threads (`tid`) of a worker's lane. The buckets of one fused collective are in flight
-# at once, so their events overlap: each bucket has a thread of its own.
-ELASTIC_TID, COLLECTIVE_TID, OTHER_TID, FUSION_TID = 1, 2, 3, 10
-_TIDS = {"elastic": ELASTIC_TID, "round": ELASTIC_TID, "collective": COLLECTIVE_TID}
+# The threads (`tid`) of a worker's lane, by category; events that overlap there without
+# nesting (collectives in flight at once) go to the category's next thread: tid + 10 * k.
+ELASTIC_TID, COLLECTIVE_TID, OTHER_TID, FUSION_TID = 1, 2, 3, 4
+_TIDS = {"elastic": ELASTIC_TID, "round": ELASTIC_TID, "collective": COLLECTIVE_TID,
+         "fusion": FUSION_TID}
+_THREADS = {ELASTIC_TID: "elastic and rounds", COLLECTIVE_TID: "collectives",
+            OTHER_TID: "other", FUSION_TID: "fusion"}
 
 # (phase, name, category, start, duration, args); times in seconds since the epoch.
 Event = tuple[str, str, str, float, float, dict[str, Any]]
@@ -183,6 +187,7 @@ class _Recorder:
         self._wake = threading.Event()
         self._closing = False
         self._named: set[int] = set()  # threads of this lane already named
+        self._tracks = Tracks()
         self._dropped = 0
 
     def open(self, path: str) -> None:
@@ -252,30 +257,24 @@ class _Recorder:
         """[phase, name, category, start (us), duration (us), tid, args], after the events
         that name the event's thread the first time it is used."""
         phase, name, category, start, duration, args = event
-        tid = FUSION_TID + _bucket(args) if category == "fusion" else \
-            _TIDS.get(category, OTHER_TID)
+        base = _TIDS.get(category, OTHER_TID)
         if args:
             args = {key: value if type(value) in _SIMPLE else _plain(value)
                     for key, value in args.items()}
-        # Whole microseconds: finer than a Python-level event can be placed.
-        encoded = [phase, name, category, round(start * 1e6), round(duration * 1e6), tid, args]
+        # Whole microseconds (finer than a Python-level event can be placed); start and end
+        # are rounded, not the duration, so that events that nest still do.
+        begin, end = round(start * 1e6), round((start + duration) * 1e6)
+        tid = base + 10 * self._tracks.place(base, begin, end) if phase == "X" else base
+        encoded = [phase, name, category, begin, end - begin, tid, args]
         if tid in self._named:
             return [encoded]
         self._named.add(tid)
-        return [["M", "thread_name", "__metadata", 0, 0, tid, {"name": _thread_name(tid)}],
-                ["M", "thread_sort_index", "__metadata", 0, 0, tid, {"sort_index": tid}],
+        extra = tid // 10
+        thread = _THREADS[base] + (f" ({extra + 1})" if extra else "")
+        return [["M", "thread_name", "__metadata", 0, 0, tid, {"name": thread}],
+                ["M", "thread_sort_index", "__metadata", 0, 0, tid,
+                 {"sort_index": base * 100 + extra}],
                 encoded]
-
-
-def _bucket(args: dict[str, Any]) -> int:
-    value = args.get("bucket", 0)
-    return value if isinstance(value, int) and 0 <= value < 1000 else 0
-
-
-def _thread_name(tid: int) -> str:
-    if tid >= FUSION_TID:
-        return f"fusion bucket {tid - FUSION_TID}"
-    return {ELASTIC_TID: "elastic and rounds", COLLECTIVE_TID: "collectives"}.get(tid, "other")
 
 
 _SIMPLE = (int, bool, type(None))  # as they are; strings are cut, floats checked

@@ -31,6 +31,21 @@ def load(path: Path) -> list[Event]:
     return events
 
 
+def assert_nested(events: list[Event]) -> None:
+    """On every thread of every lane, complete events nest (as the viewers need)."""
+    threads: dict[tuple[int, int], list[tuple[float, float]]] = {}
+    for e in events:
+        if e["ph"] == "X":
+            threads.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
+    for thread, spans in threads.items():
+        open_ends: list[float] = []
+        for start, end in sorted(spans, key=lambda span: (span[0], -span[1])):
+            while open_ends and open_ends[-1] <= start:
+                open_ends.pop()
+            assert not open_ends or end <= open_ends[-1], f"{thread}: overlap at {start}"
+            open_ends.append(end)
+
+
 def lanes(events: list[Event]) -> dict[int, str]:
     return {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
 
@@ -52,6 +67,7 @@ def test_flag_trace_shows_every_lane_and_a_recovery_in_order(tmp_path: Path) -> 
                      log_dir=tmp_path / "logs")
     assert_ok(result)
     events = load(trace)
+    assert_nested(events)
     names = lanes(events)
     assert names[1].startswith("driver · ") and len(names) == 3
     survivor = next(pid for pid, name in names.items()

@@ -1,9 +1,9 @@
 """The job's trace file: Chrome's Trace Event Format, in its JSON array form.
 
-`[` when the file is opened, one event per line as events come, `]` when it is closed, so
-that the file is valid JSON once the job ends; a file whose driver was killed lacks only the
-`]`, which Perfetto and chrome://tracing accept. Times are microseconds since the epoch.
-The functions below build events; `from_worker` checks what a worker sent.
+`[` when the file is opened, each batch of events on a line as they come, `]` when it is
+closed, so that the file is valid JSON once the job ends; a file whose driver was killed
+lacks only the `]`, which Perfetto and chrome://tracing accept. Times are microseconds
+since the epoch. The functions below build events; `from_worker` checks what a worker sent.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ MAX_TID = 10_000
 WORKER_METADATA = ("thread_name", "thread_sort_index")
 
 Event = dict[str, Any]
-# One encoder for every event: json.dumps with options builds a new one per call.
+# One encoder, one call per batch: json.dumps with options builds an encoder per call.
 _ENCODE = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
 
 
@@ -40,12 +40,13 @@ class TraceFile:
         return self._file.closed
 
     def write(self, events: Iterable[Event]) -> None:
-        lines = [_ENCODE(event) for event in events]
-        if not lines or self._file.closed:
+        batch = list(events)
+        if not batch or self._file.closed:
             return
-        self._file.write((",\n" if self._written else "") + ",\n".join(lines))
+        text = _ENCODE(batch)[1:-1]  # the events without the list's brackets
+        self._file.write((",\n" if self._written else "") + text)
         self._file.flush()  # a killed driver leaves every event it took
-        self._written += len(lines)
+        self._written += len(batch)
 
     def close(self) -> None:
         if not self._file.closed:

@@ -31,6 +31,7 @@ from elasticrun.errors import ConfigError
 from elasticrun.protocol import HostUpdateResult
 from elasticrun.worker import timeline
 from elasticrun.worker.client import DriverClient, RequestRefusedError
+from elasticrun.worker.timeline_tracks import MAX_THREADS, Tracks
 
 NOW = 1_800_000_000.0
 
@@ -229,11 +230,11 @@ def test_recorded_events_reach_the_driver_with_their_threads() -> None:
     assert client.calls and all(c["rank"] == 0 and c["host"] == "node" for c in client.calls)
     events = client.events()
     named = {e[5]: e[6]["name"] for e in events if e[1] == "thread_name"}
-    assert named == {2: "collectives", 11: "fusion bucket 1", 1: "elastic and rounds"}
+    assert named == {2: "collectives", 4: "fusion", 1: "elastic and rounds"}
     real = [e for e in events if e[0] != "M"]
     assert real[0] == ["X", "allreduce", "collective", 10_000_000.0, 500_000.0, 2,
                        {"bytes": 1024, "op": "sum"}]
-    assert real[1][5] == 11 and real[1][6]["inf"] == "inf" and real[1][6]["obj"].startswith("<")
+    assert real[1][5] == 4 and real[1][6]["inf"] == "inf" and real[1][6]["obj"].startswith("<")
     assert real[2][:3] == ["i", "CYCLE", "collective"]
     assert real[3][1] == "commit" and real[3][6] == {"commit": 1, "error": "KeyError"}
     json.dumps(client.calls)  # what goes to the driver is JSON
@@ -278,6 +279,36 @@ def test_a_driver_without_a_file_turns_recording_off() -> None:
     while timeline.enabled() and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not timeline.enabled()
+
+
+def test_events_that_overlap_without_nesting_go_to_the_next_thread() -> None:
+    tracks = Tracks()  # events come as they end
+    assert tracks.place(2, 2, 5) == 0
+    assert tracks.place(2, 0, 10) == 0  # holds the one before
+    assert tracks.place(2, 10, 20) == 0  # after it
+    assert tracks.place(2, 21, 30) == 0  # three buckets in flight at once
+    assert tracks.place(2, 22, 35) == 1
+    assert tracks.place(2, 23, 36) == 2
+    assert tracks.place(2, 24, 25) == 0  # ended out of order, inside the first bucket
+    assert tracks.place(2, 40, 41) == 0
+    assert tracks.place(2, 20, 50) == 0  # holds everything since
+    assert tracks.place(1, 22, 35) == 0  # categories are apart
+    crowd = [tracks.place(3, i, 1000 + i) for i in range(MAX_THREADS + 5)]
+    assert crowd == [*range(MAX_THREADS), *[MAX_THREADS - 1] * 5]
+
+
+def test_buckets_in_flight_at_once_are_drawn_on_threads_of_their_own() -> None:
+    client = FakeClient()
+    attach(client, {protocol.ENV_TIMELINE: "1"})
+    timeline.record("allreduce a", "collective", 1.0, 3.0)
+    timeline.record("allreduce b", "collective", 2.0, 4.0)
+    timeline.record("step", "collective", 0.5, 5.0)  # holds both
+    timeline.detach()
+    events = client.events()
+    assert [(e[1], e[5]) for e in events if e[0] == "X"] == \
+        [("allreduce a", 2), ("allreduce b", 12), ("step", 2)]
+    assert {e[5]: e[6]["name"] for e in events if e[1] == "thread_name"} == \
+        {2: "collectives", 12: "collectives (2)"}
 
 
 @pytest.mark.parametrize(("env", "expected"), [
