@@ -12,8 +12,13 @@ scaleup     a host added by discovery: change -> first step at the larger world 
             with a breakdown; torchrun's answer (a second agent; every worker restarts).
 overhead    training throughput of the elastic script (commit every step / every 10)
             against plain DDP under torchrun, and commit cost by model size.
+optimizer   DistributedOptimizer on a 6-layer transformer and a 12-layer conv net:
+            samples/s with gradient hooks (overlap=True) and without, against DDP under
+            torchrun; gradient bytes per step and step time with Compression.fp16.
 rendezvous  slot assignment for N simulated workers speaking the real protocol.
 gloo        Gloo process-group build through the driver's store against torch's TCPStore.
+timeline    the same 2-worker elastic job with --timeline-filename and without: step time
+            and the timeline's overhead in percent.
 """
 
 from __future__ import annotations
@@ -32,8 +37,10 @@ BENCHMARKS = {
     "recovery": "recovery",
     "scaleup": "scaleup",
     "overhead": "overhead",
+    "optimizer": "optimizer_throughput",
     "rendezvous": "rendezvous_scale",
     "gloo": "gloo_build",
+    "timeline": "timeline_overhead",
 }
 
 

@@ -53,6 +53,28 @@ def test_overhead() -> None:
         assert size["commit_ms"] > 0
 
 
+def test_optimizer(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+                   ) -> None:
+    """Smaller than --quick (two job start-ups are most of it): tiny models, two steps."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import optimizer_throughput
+    import run
+
+    assert run.BENCHMARKS["optimizer"] == "optimizer_throughput"
+    tiny = {"warmup": 1, "steps": 2,
+            "transformer": {"layers": 2, "d_model": 32, "heads": 2, "batch": 2, "seq": 8},
+            "convnet": {"widths": [8, 16], "batch": 2, "image": 8}}
+    result = optimizer_throughput.run(tiny, trials=1)
+    assert "optimizer:" in capsys.readouterr().out
+    for model in ("transformer", "convnet"):
+        numbers = result["median"][model]
+        assert all(numbers[v]["samples_per_s"] > 0 for v in optimizer_throughput.VARIANTS)
+        # every gradient once per step, float32 or float16
+        assert numbers["hooks"]["grad_bytes"] == 4 * numbers["hooks"]["params"]
+        assert numbers["nohooks"]["grad_bytes"] == numbers["hooks"]["grad_bytes"]
+        assert numbers["fp16"]["grad_bytes"] * 2 == numbers["hooks"]["grad_bytes"]
+
+
 def test_rendezvous() -> None:
     out, result = run_quick("rendezvous")
     assert "64" in out
