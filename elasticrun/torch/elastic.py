@@ -41,11 +41,14 @@ class TorchBackend:
             return lambda: flag
         vote = torch.tensor([1 if flag else 0], dtype=torch.int32)
         # announced like an allreduce, so a rank that called join() serves it too
-        join.announce(join.ALLREDUCE, 1, vote.dtype, dist.ReduceOp.MAX)
+        header = join.announce(join.ALLREDUCE, 1, vote.dtype, dist.ReduceOp.MAX)
         with collective("the host-change agreement"):
             work = dist.all_reduce(vote, op=dist.ReduceOp.MAX, async_op=True)
 
         def result() -> bool:
+            # Both works are waited for: one left running could outlive the round and hold
+            # up the group's teardown.
+            header.wait()
             with collective("the host-change agreement"):
                 work.wait()
             return bool(vote.item())

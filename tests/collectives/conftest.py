@@ -1,4 +1,4 @@
-"""Worlds of 2 to 5 Gloo ranks, started once per test session and shared by the tests."""
+"""Worlds of 2 to 5 Gloo ranks, started once for this package's tests and shared by them."""
 
 from __future__ import annotations
 
@@ -8,16 +8,22 @@ import pytest
 
 from tests.collectives.world import GlooWorld
 
-_worlds: dict[int, GlooWorld] = {}
+MAX_PROCESSES = 8  # this machine's limit for worker processes alive at once
+
+_worlds: dict[int, GlooWorld] = {}  # in order of last use
 
 
 def world_of(size: int) -> GlooWorld:
-    if size not in _worlds:
-        _worlds[size] = GlooWorld(size)
-    return _worlds[size]
+    world = _worlds.pop(size, None)
+    if world is None:
+        while _worlds and sum(_worlds) + size > MAX_PROCESSES:
+            _worlds.pop(next(iter(_worlds))).close()  # the least recently used
+        world = GlooWorld(size)
+    _worlds[size] = world
+    return world
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="package", autouse=True)
 def _close_worlds() -> Iterator[None]:
     yield
     for world in _worlds.values():
