@@ -55,7 +55,7 @@ def parse_spec(spec: str) -> DiscoverySpec:
         return DiscoverySpec(f"{head}:{attribute}", arg if sep2 else None)
     if "." in head:
         raise ConfigError(f"--discovery {spec!r}: a module path needs its factory, "
-                          f"e.g. {head}:make")
+                          f"e.g. {head + ':make'!r}")
     return DiscoverySpec(head, rest if sep else None)
 
 

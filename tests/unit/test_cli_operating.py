@@ -89,7 +89,7 @@ def test_discovery_webhook_needs_a_token(capsys: pytest.CaptureFixture[str]) -> 
 def test_bad_discovery_spec(capsys: pytest.CaptureFixture[str]) -> None:
     line = cli_error(["-np", "1", "--discovery", "pkg.mod", "true"], capsys)
     assert line == ("elasticrun: error: --discovery 'pkg.mod': a module path needs its "
-                    "factory, e.g. pkg.mod:make")
+                    "factory, e.g. 'pkg.mod:make'")
 
 
 # --------------------------------------------------------------------------- webhook token

@@ -65,7 +65,7 @@ def test_parse_spec(spec: str, target: str, arg: str | None, by_module: bool) ->
     [
         ("", "expected NAME[:ARG] or module.path:factory[:ARG]"),
         (":x", "expected NAME[:ARG] or module.path:factory[:ARG]"),
-        ("pkg.mod", "a module path needs its factory, e.g. pkg.mod:make"),
+        ("pkg.mod", "a module path needs its factory, e.g. 'pkg.mod:make'"),
         ("pkg.mod:1bad", "'1bad' is not a Python name"),
         ("pkg.mod:", "'' is not a Python name"),
     ],
