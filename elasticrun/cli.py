@@ -77,6 +77,11 @@ def _positive(_ctx: click.Context, param: click.Parameter, value: float | None) 
 @click.option("--collective-timeout", type=float, default=60.0, show_default=True,
               callback=_positive, help="Seconds a collective may block before it counts "
                                        "as a failure.")
+@click.option("--backend", type=click.Choice(["auto", "gloo", "nccl"]), default="auto",
+              show_default=True,
+              help="What carries CUDA tensors: nccl, gloo (through host memory), or auto "
+                   "(NCCL where every worker has a GPU and torch has NCCL). CPU tensors "
+                   "always travel on Gloo.")
 @click.option("--driver-timeout", type=float, default=30.0, show_default=True,
               callback=_positive, help="Seconds a worker goes on without reaching the driver "
                                        "before it decides the driver is gone and stops.")

@@ -7,6 +7,8 @@ from pathlib import Path
 
 from elasticrun.errors import ConfigError
 
+BACKENDS = ("auto", "gloo", "nccl")  # --backend: which carries CUDA tensors
+
 
 @dataclass(frozen=True)
 class DriverConfig:
@@ -25,6 +27,7 @@ class DriverConfig:
     reset_limit: int | None = None
     blacklist_cooldown: tuple[float, float] | None = None
     collective_timeout: float = 60.0
+    backend: str = "auto"  # for CUDA tensors: auto, gloo or nccl (the workers choose)
     driver_timeout: float = 30.0  # a worker that cannot reach the driver this long stops
     network_interface: str | None = None
     output_filename: Path | None = None
@@ -74,6 +77,9 @@ class DriverConfig:
                               "--event-secret-file FILE or ELASTICRUN_EVENT_SECRET")
         if self.timeline_mark_cycles and self.timeline_filename is None:
             raise ConfigError("--timeline-mark-cycles needs --timeline-filename")
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"--backend must be one of {', '.join(BACKENDS)}, got "
+                              f"{self.backend!r}")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"--port must be 0..65535, got {self.port}")
         for name in ("discovery_interval", "discovery_timeout", "start_timeout",

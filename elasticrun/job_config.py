@@ -52,6 +52,7 @@ def build_config(
     event_secret_file: Path | None = None,
     driver_timeout: float = 30.0,
     bind: tuple[str, ...] = (),
+    backend: str = "auto",
 ) -> DriverConfig:
     default_slots = slots_per_host or 1
     static_hosts = None
@@ -100,6 +101,7 @@ def build_config(
         blacklist_cooldown=blacklist_cooldown_range,
         collective_timeout=collective_timeout,
         driver_timeout=driver_timeout,
+        backend=backend,
         network_interface=network_interface,
         output_filename=output_filename,
         prefix_timestamp=prefix_output_with_timestamp,

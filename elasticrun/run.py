@@ -55,6 +55,7 @@ def run(
     blacklist_cooldown_range: tuple[float, float] | None = None,
     collective_timeout: float = 60.0,
     driver_timeout: float = 30.0,
+    backend: str = "auto",
     ssh_port: int | None = None,
     ssh_identity_file: str | os.PathLike[str] | None = None,
     ssh_accept_new_host_keys: bool = False,
@@ -156,7 +157,7 @@ def job_settings(func: object, args: object, kwargs: object,
             ssh_accept_new_host_keys=bool(opts["ssh_accept_new_host_keys"]),
             remote_python=_text(opts, "remote_python"),
             working_dir=_path(opts, "working_dir"), port=opts["port"],
-            driver_timeout=opts["driver_timeout"])
+            driver_timeout=opts["driver_timeout"], backend=_text(opts, "backend") or "auto")
     except ConfigError as exc:
         raise ConfigError(python_names(str(exc))) from None
     return JobSettings(config, _env(opts["env"]), _log_level(opts))

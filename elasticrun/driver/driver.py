@@ -124,7 +124,7 @@ class Driver:
             rendezvous_addr=dialed[0], rendezvous_port=port, secret=self._secret,
             collective_timeout=config.collective_timeout,
             round_timeout=config.start_timeout + config.elastic_timeout,
-            driver_timeout=config.driver_timeout,
+            driver_timeout=config.driver_timeout, backend=config.backend,
             gloo_interface=config.network_interface or ("lo" if all_local else None))
         settings = PoolSettings(config.command, config.working_dir, config.stop_grace_period,
                                 env, {**self._base_env, **self._timeline.worker_env()})

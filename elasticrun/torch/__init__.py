@@ -70,6 +70,7 @@ from elasticrun.torch.ops import (
     size,
 )
 from elasticrun.torch.optimizer import DistributedOptimizer
+from elasticrun.torch.plane import process_group_for
 from elasticrun.torch.process_sets import (
     ProcessSet,
     add_process_set,
@@ -123,7 +124,7 @@ __all__ = [
     "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
     "grouped_allreduce_async_", "grouped_reducescatter", "grouped_reducescatter_async",
     "init", "is_homogeneous", "is_initialized", "join", "local_rank", "local_size",
-    "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "poll", "rank",
-    "reducescatter", "reducescatter_async", "remove_process_set", "rocm_built", "shutdown",
+    "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "poll", "process_group_for",
+    "rank", "reducescatter", "reducescatter_async", "remove_process_set", "rocm_built", "shutdown",
     "size", "sparse_allreduce_async", "start_timeline", "stop_timeline", "synchronize",
 ]

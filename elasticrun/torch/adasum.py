@@ -25,9 +25,8 @@ import sys
 from collections.abc import Sequence
 
 import torch
-import torch.distributed as dist
 
-from elasticrun.torch import runtime
+from elasticrun.torch import plane, runtime
 from elasticrun.torch.boundary import collective
 from elasticrun.torch.fusion import DEFAULT_BUCKET_BYTES, buckets
 
@@ -111,15 +110,15 @@ def _reduce_flat(flat: torch.Tensor, counts: list[int], rank: int, size: int) ->
         if rank % (2 * level) == level:
             # This rank leads an upper group: it hands its partial down and is done.
             with collective("adasum allreduce"):
-                dist.send(flat, dst=rank - level)
+                plane.send(flat, dst=rank - level)
             break
         if rank % (2 * level) == 0 and rank + level < size:
             with collective("adasum allreduce"):
-                dist.recv(received, src=rank + level)
+                plane.recv(received, src=rank + level)
             _combine_fused(flat, received, counts)
         level *= 2
     with collective("adasum allreduce"):
-        dist.broadcast(flat, src=0)
+        plane.broadcast(flat, src=0)
 
 
 def adasum_allreduce_(tensors: list[torch.Tensor],

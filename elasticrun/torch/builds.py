@@ -1,8 +1,12 @@
 """Horovod's build and runtime queries, answered for elasticrun: its data plane is
-torch.distributed's Gloo (CPU tensors), with no MPI, NCCL, DDL, oneCCL or ROCm code of its
-own. Scripts use these to choose code paths (`if hvd.nccl_built(): ...`)."""
+torch.distributed's Gloo (every tensor) and, where torch has it, NCCL (CUDA tensors), with
+no MPI, DDL, oneCCL or ROCm code of its own. Scripts use these to choose code paths
+(`if hvd.nccl_built(): ...`)."""
 
 from __future__ import annotations
+
+import torch
+import torch.distributed as dist
 
 from elasticrun.torch import runtime
 
@@ -30,11 +34,13 @@ def mpi_threads_supported() -> bool:
 
 
 def nccl_built() -> bool:
-    return False
+    """Whether CUDA tensors can travel on NCCL (torch was built with it)."""
+    return dist.is_nccl_available()
 
 
 def cuda_built() -> bool:
-    return False
+    """Whether CUDA tensors are supported (on NCCL, or through host memory on Gloo)."""
+    return torch.backends.cuda.is_built()
 
 
 def rocm_built() -> bool:

@@ -13,9 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from elasticrun.torch import handles, join, runtime
+from elasticrun.torch import handles, join, plane, runtime
 from elasticrun.torch.boundary import collective
 from elasticrun.torch.compression import Compression, Compressor
 from elasticrun.torch.ops import (
@@ -53,7 +52,7 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = No
     join.announced(join.BROADCAST)
     target = tensor if tensor.is_contiguous() else tensor.contiguous()
     with collective("broadcast", nbytes=_bytes(target)):
-        work = dist.broadcast(target, src=root_rank, async_op=True)
+        work = plane.broadcast(target, src=root_rank, async_op=True)
 
     def finish() -> torch.Tensor:
         if target is not tensor:
@@ -106,7 +105,7 @@ def _first_dims(tensor: torch.Tensor, what: str) -> list[int]:
     mine = torch.tensor([tensor.shape[0]], dtype=torch.int64)
     everyone = [torch.zeros(1, dtype=torch.int64) for _ in range(size)]
     with collective(f"{what}: exchanging sizes"):
-        dist.all_gather(everyone, mine)
+        plane.all_gather(everyone, mine)
     return [int(t.item()) for t in everyone]
 
 
@@ -123,11 +122,12 @@ def allgather_async(tensor: torch.Tensor, name: str | None = None,
     dims = _first_dims(tensor, "allgather")
     longest = max(dims)
     rest = tuple(tensor.shape[1:])
-    padded = torch.zeros((longest, *rest), dtype=tensor.dtype)
+    padded = torch.zeros((longest, *rest), dtype=tensor.dtype, device=tensor.device)
     padded[:tensor.shape[0]] = tensor.detach()
-    parts = [torch.empty((longest, *rest), dtype=tensor.dtype) for _ in range(size)]
+    parts = [torch.empty((longest, *rest), dtype=tensor.dtype, device=tensor.device)
+             for _ in range(size)]
     with collective("allgather", nbytes=_bytes(padded)):
-        work = dist.all_gather(parts, padded, async_op=True)
+        work = plane.all_gather(parts, padded, async_op=True)
 
     def finish() -> torch.Tensor:
         return torch.cat([part[:dim] for part, dim in zip(parts, dims, strict=True)])
@@ -219,12 +219,13 @@ def alltoall_async(tensor: torch.Tensor, splits: torch.Tensor | list[int] | None
     sent = torch.tensor(counts, dtype=torch.int64)
     received = torch.empty(size, dtype=torch.int64)
     with collective("alltoall: exchanging splits"):
-        dist.all_to_all_single(received, sent)
+        plane.all_to_all_single(received, sent)
     incoming = [int(c) for c in received.tolist()]
     source = tensor.detach().contiguous()
-    output = torch.empty((sum(incoming), *source.shape[1:]), dtype=source.dtype)
+    output = torch.empty((sum(incoming), *source.shape[1:]), dtype=source.dtype,
+                         device=source.device)
     with collective("alltoall", nbytes=_bytes(source)):
-        work = dist.all_to_all_single(output, source, output_split_sizes=incoming,
+        work = plane.all_to_all_single(output, source, output_split_sizes=incoming,
                                       input_split_sizes=counts, async_op=True)
     received_splits = received.to(torch.int32)
     return handles.register(handles.Pending(f"alltoall {name or ''}".strip(), [work],

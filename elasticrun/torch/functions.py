@@ -11,7 +11,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from elasticrun.torch import join, runtime
+from elasticrun.torch import join, plane, runtime
 from elasticrun.torch.boundary import collective
 from elasticrun.torch.fusion import fused_collective
 from elasticrun.torch.process_sets import ProcessSet, check, global_process_set
@@ -64,7 +64,7 @@ def broadcast_parameters(
     tensors = [t for t in tensors if isinstance(t, torch.Tensor)]
     if tensors and _size() > 1:
         join.announced(join.BROADCAST)
-        fused_collective(tensors, lambda flat: dist.broadcast(flat, src=root_rank, async_op=True),
+        fused_collective(tensors, lambda flat: plane.broadcast(flat, src=root_rank, async_op=True),
                          what="broadcast_parameters")
 
 
@@ -73,6 +73,7 @@ class _TensorLeaf:
     index: int
     shape: tuple[int, ...]
     dtype: torch.dtype
+    cuda: bool  # on a GPU at the root: on this rank's GPU here
 
 
 def broadcast_tree(tree: Any, root_rank: int = 0) -> Any:
@@ -83,7 +84,7 @@ def broadcast_tree(tree: Any, root_rank: int = 0) -> Any:
     def strip(node: Any) -> Any:
         if isinstance(node, torch.Tensor):
             tensors.append(node.detach())
-            return _TensorLeaf(len(tensors) - 1, tuple(node.shape), node.dtype)
+            return _TensorLeaf(len(tensors) - 1, tuple(node.shape), node.dtype, node.is_cuda)
         if isinstance(node, dict):
             return {key: strip(value) for key, value in node.items()}
         if isinstance(node, (list, tuple)):
@@ -107,12 +108,14 @@ def broadcast_tree(tree: Any, root_rank: int = 0) -> Any:
 
     collect(skeleton)
     if not is_root:
-        tensors = [torch.empty(leaf.shape, dtype=leaf.dtype) for leaf in leaves]
+        tensors = [torch.empty(leaf.shape, dtype=leaf.dtype,
+                               device=plane.cuda_device() if leaf.cuda else "cpu")
+                   for leaf in leaves]
     else:
         tensors = [t.contiguous() for t in tensors]
     if tensors and _size() > 1:
         join.announced(join.BROADCAST)
-        fused_collective(tensors, lambda flat: dist.broadcast(flat, src=root_rank, async_op=True),
+        fused_collective(tensors, lambda flat: plane.broadcast(flat, src=root_rank, async_op=True),
                          what="broadcast_tree")
 
     def rebuild(node: Any) -> Any:

@@ -23,22 +23,23 @@ ALONE_BYTES = 1024 * 1024
 
 def buckets(tensors: Sequence[torch.Tensor], bucket_bytes: int,
             alone_bytes: int = ALONE_BYTES) -> list[list[int]]:
-    """Groups tensor indices into buckets of one dtype and at most ~bucket_bytes each.
-    A contiguous tensor of alone_bytes or more gets a bucket of its own, so that it is
+    """Groups tensor indices into buckets of one device and dtype and at most ~bucket_bytes
+    each. A contiguous tensor of alone_bytes or more gets a bucket of its own, so that it is
     reduced in place: fusing it would cost more in copies than it saves in collectives."""
     groups: list[list[int]] = []
-    open_bucket: dict[torch.dtype, tuple[list[int], int]] = {}
+    open_bucket: dict[tuple[torch.device, torch.dtype], tuple[list[int], int]] = {}
     for index, tensor in enumerate(tensors):
         size = tensor.numel() * tensor.element_size()
         if size >= alone_bytes and tensor.is_contiguous():
             groups.append([index])
             continue
-        members, used = open_bucket.get(tensor.dtype, ([], 0))
+        kind = (tensor.device, tensor.dtype)
+        members, used = open_bucket.get(kind, ([], 0))
         if members and used + size > bucket_bytes:
             groups.append(members)
             members, used = [], 0
         members.append(index)
-        open_bucket[tensor.dtype] = (members, used + size)
+        open_bucket[kind] = (members, used + size)
     groups.extend(members for members, _ in open_bucket.values() if members)
     return groups
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from elasticrun.torch import runtime
+from elasticrun.torch import plane, runtime
 from elasticrun.torch.boundary import collective
 
 # The kinds of collective a header announces. A joined rank serves ALLREDUCE only.
@@ -31,10 +31,10 @@ RedOp = dist.ReduceOp.RedOpType
 _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,
            torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool]
 _OPS = [dist.ReduceOp.SUM, dist.ReduceOp.MIN, dist.ReduceOp.MAX, dist.ReduceOp.PRODUCT]
-# header = [kind, numel, dtype, op, last joiner, joined flag of rank 0, of rank 1, ...];
-# every field is reduced with MAX: ranks still training fill the first four, joined ranks
-# contribute zeros there and 1 at their own place.
-_FIELDS = 5
+# header = [kind, numel, dtype, op, last joiner, on a GPU, joined flag of rank 0, of rank 1,
+# ...]; every field is reduced with MAX: ranks still training fill the first four and the
+# device, joined ranks contribute zeros there and 1 at their own place.
+_FIELDS = 6
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,7 @@ class Announced:
     op: RedOp
     last_joiner: int
     joined: int  # how many ranks have joined
+    cuda: bool = False  # the data is on the ranks' GPUs
 
     def check_served(self) -> None:
         """On a rank still training: the collective it announced can run."""
@@ -56,13 +57,14 @@ class Announced:
                              "(as with Horovod)")
 
 
-def _header(kind: int, numel: int, dtype: torch.dtype, op: RedOp) -> torch.Tensor:
+def _header(kind: int, numel: int, dtype: torch.dtype, op: RedOp, cuda: bool) -> torch.Tensor:
     size = runtime.current().slot.size
     header = torch.zeros(_FIELDS + size, dtype=torch.int64)
     header[0], header[1] = kind, numel
     header[2] = _DTYPES.index(dtype) + 1 if dtype in _DTYPES else 0
     header[3] = _OPS.index(op) + 1 if op in _OPS else 0
     header[4] = -1
+    header[5] = int(cuda)
     return header
 
 
@@ -71,7 +73,8 @@ def _read(header: torch.Tensor) -> Announced:
     return Announced(kind=int(header[0]), numel=int(header[1]),
                      dtype=_DTYPES[dtype_code - 1] if dtype_code else torch.float32,
                      op=_OPS[op_code - 1] if op_code else dist.ReduceOp.SUM,
-                     last_joiner=int(header[4]), joined=int(header[_FIELDS:].sum()))
+                     last_joiner=int(header[4]), joined=int(header[_FIELDS:].sum()),
+                     cuda=bool(header[5]))
 
 
 class Header:
@@ -94,10 +97,10 @@ class Header:
 
 
 def announce(kind: int, numel: int = 0, dtype: torch.dtype = torch.float32,
-             op: RedOp = dist.ReduceOp.SUM) -> Header:
-    """Launches the header of a collective this rank is about to launch. With a world of
-    one, nothing is sent."""
-    header = _header(kind, numel, dtype, op)
+             op: RedOp = dist.ReduceOp.SUM, cuda: bool = False) -> Header:
+    """Launches the header of a collective this rank is about to launch (`cuda`: on its
+    GPU). With a world of one, nothing is sent."""
+    header = _header(kind, numel, dtype, op, cuda)
     if runtime.current().slot.size == 1:
         return Header(header, None)
     with collective("the collective header"):
@@ -114,17 +117,18 @@ def announced(kind: int, numel: int = 0, dtype: torch.dtype = torch.float32,
     return result
 
 
-def identity(op: RedOp, numel: int, dtype: torch.dtype) -> torch.Tensor:
+def identity(op: RedOp, numel: int, dtype: torch.dtype,
+             device: torch.device | str = "cpu") -> torch.Tensor:
     """What a joined rank contributes: the op's identity, so it changes nothing."""
     if op == dist.ReduceOp.PRODUCT:
-        return torch.ones(numel, dtype=dtype)
+        return torch.ones(numel, dtype=dtype, device=device)
     if op in (dist.ReduceOp.MIN, dist.ReduceOp.MAX):
         if dtype == torch.bool:
-            return torch.full((numel,), op == dist.ReduceOp.MIN, dtype=dtype)
+            return torch.full((numel,), op == dist.ReduceOp.MIN, dtype=dtype, device=device)
         info = torch.finfo(dtype) if dtype.is_floating_point else torch.iinfo(dtype)
         fill = info.max if op == dist.ReduceOp.MIN else info.min
-        return torch.full((numel,), fill, dtype=dtype)
-    return torch.zeros(numel, dtype=dtype)
+        return torch.full((numel,), fill, dtype=dtype, device=device)
+    return torch.zeros(numel, dtype=dtype, device=device)
 
 
 def join(device: int = -1) -> int:
@@ -147,6 +151,7 @@ def join(device: int = -1) -> int:
             return said.last_joiner
         if said.kind != ALLREDUCE:
             continue  # the ranks that issued it raise; nothing follows the header
-        contribution = identity(said.op, said.numel, said.dtype)
+        contribution = identity(said.op, said.numel, said.dtype,
+                                plane.cuda_device() if said.cuda else "cpu")
         with collective("join: serving an allreduce"):
-            dist.all_reduce(contribution, op=said.op)
+            plane.all_reduce(contribution, op=said.op)

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from elasticrun.torch import fusion, handles, join, runtime
+from elasticrun.torch import fusion, handles, join, plane, runtime
 from elasticrun.torch.adasum import adasum_allreduce_
 from elasticrun.torch.boundary import collective
 from elasticrun.torch.compression import Compression, Compressor
@@ -104,9 +104,9 @@ def _divide(tensor: torch.Tensor, divisor: int) -> None:
 
 def _start_allreduce(flat: torch.Tensor, op: ReduceOp) -> list[fusion.Waitable]:
     torch_op = TORCH_OPS[op]
-    header = join.announce(join.ALLREDUCE, flat.numel(), flat.dtype, torch_op)
+    header = join.announce(join.ALLREDUCE, flat.numel(), flat.dtype, torch_op, flat.is_cuda)
     with collective("allreduce", nbytes=flat.numel() * flat.element_size(), op=op.value):
-        work = dist.all_reduce(flat, op=torch_op, async_op=True)
+        work = plane.all_reduce(flat, op=torch_op, async_op=True)
     return [header, work]
 
 

@@ -62,7 +62,8 @@ def _layout(params: list[torch.Tensor], groups: int | Sequence[Sequence[torch.Te
     used = bucket_bytes
     for p in backwards:
         nbytes = p.numel() * p.element_size()
-        if not layout or used + nbytes > bucket_bytes or p.dtype != layout[-1][0].dtype:
+        if not layout or used + nbytes > bucket_bytes or p.dtype != layout[-1][0].dtype \
+                or p.device != layout[-1][0].device:
             layout.append([])
             used = 0
         layout[-1].append(p)

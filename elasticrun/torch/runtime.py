@@ -17,12 +17,15 @@ import socket
 import sys
 import time
 
+import torch
 import torch.distributed as dist
 
 from elasticrun import protocol
+from elasticrun.errors import ConfigError
 from elasticrun.netif import interface_towards
 from elasticrun.protocol import SlotInfo
-from elasticrun.torch.session import JoinTiming, RoundSession
+from elasticrun.torch import devices
+from elasticrun.torch.session import DataPlane, JoinTiming, RoundSession
 from elasticrun.torch.session import group_count as _group_count  # noqa: F401 - tests use it
 from elasticrun.torch.session import init_process_group as _init_process_group
 from elasticrun.worker import timeline
@@ -62,6 +65,7 @@ class Runtime:
         self.session: RoundSession | None = None
         self.notices: NoticeWatcher | None = None
         self.last_join = JoinTiming()
+        self.plane = DataPlane()
 
     @classmethod
     def from_env(cls) -> Runtime:
@@ -92,11 +96,23 @@ class Runtime:
         return self.session.notice_seq if self.session is not None else 0
 
     @property
+    def device(self) -> torch.device | None:
+        """The GPU this worker is pinned to (None: not pinned, or no GPU)."""
+        return self.plane.device
+
+    @property
     def store(self) -> dist.Store | None:
         return self.session.store if self.session is not None else None
 
     def start(self) -> None:
         """Joins the first round (blocks until it is complete), or makes a world of one."""
+        local_rank = int(os.environ.get(protocol.ENV_LOCAL_RANK, "0"))
+        backend, device, overridden = devices.configure(local_rank)
+        self.plane = DataPlane(backend, device,
+                               agree=devices.requested_backend(os.environ) == "auto")
+        for setting in overridden:
+            log.warning("%s is set: a failed peer may take this process down instead of "
+                        "letting it recover in-process", setting)
         if not self.launched:
             self.session = RoundSession(0, SlotInfo("localhost", 0, 1, 0, 1, 0, 1),
                                         dist.HashStore(),
@@ -215,7 +231,7 @@ class Runtime:
                 store = DriverStore(self.client, self.worker_id,
                                     timeout=self.collective_timeout)
                 session = RoundSession.for_reply(reply, store, self.collective_timeout,
-                                                 self.driver_peer)
+                                                 self.driver_peer, self.plane)
                 self.session = session
                 session.publish_env()
                 try:
@@ -278,7 +294,11 @@ def init() -> None:
     # the process when the group is only destroyed during interpreter finalisation.
     atexit.register(shutdown)
     runtime = Runtime.from_env() if protocol.ENV_RENDEZVOUS_ADDR in os.environ else Runtime()
-    runtime.start()
+    try:
+        runtime.start()
+    except ConfigError as exc:  # e.g. --backend nccl without a GPU: one line, no traceback
+        print(f"elasticrun: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     _runtime = runtime
 
 

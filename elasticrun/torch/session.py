@@ -2,15 +2,18 @@
 
 A `RoundSession` is made for every round this worker joins, in the spirit of torchft's
 reconfigurable process group (configure, abort): `build()` connects the round's Gloo group
-through the driver's store, under the round's key prefix; `abort()` (from any thread: the
-notice watcher calls it when the driver says the round broke) cuts the group's connections,
-so every collective blocked on them, here and on the peers, fails at once; `leave()` cuts
-and tears the group down. A session is used for one round only.
+through the driver's store, under the round's key prefix, and on GPUs (backend "nccl") an
+NCCL group for CUDA tensors; `abort()` (from any thread: the notice watcher calls it when
+the driver says the round broke) cuts the Gloo group's connections and aborts the NCCL
+communicators, so every collective blocked on them, here and on the peers, fails at once
+and the process lives on; `leave()` aborts and tears the groups down. A session is used for
+one round only.
 
-Every Gloo workaround lives here: Gloo offers no abort (so the session notes the sockets its
-group opened and shuts them down), torch names a default group's store keys from a
-process-wide counter that a failed build must not advance, and a group's native side must
-be collected before the interpreter exits.
+Every Gloo and NCCL workaround lives here: Gloo offers no abort (so the session notes the
+sockets its group opened and shuts them down), torch names a group's store keys from a
+process-wide counter that a failed build must not advance, a group's native side must be
+collected before the interpreter exits, and NCCL communicators are non-blocking (NCCL's
+condition for a safe abort) and aborted, never merely destroyed, when a round ends.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
 import torch.distributed as dist
 
 from elasticrun import protocol
@@ -62,6 +66,43 @@ def init_process_group(slot: SlotInfo, store: dist.Store, timeout: float) -> Non
         raise
 
 
+def init_nccl_group(device: torch.device | None, timeout: float) -> dist.ProcessGroup:
+    """Builds the round's NCCL group over every rank, its communicator non-blocking (so
+    that it can be aborted safely) and, with a pinned device, connected now rather than at
+    the first collective. A failed build leaves torch's group counter alone."""
+    options = dist.ProcessGroupNCCL.Options()
+    options.config.blocking = 0
+    options.is_high_priority_stream = False
+    names_before = group_count()
+    try:
+        group = dist.new_group(backend="nccl", pg_options=options, device_id=device,
+                               timeout=datetime.timedelta(seconds=timeout))
+    except BaseException:
+        _set_group_count(names_before)
+        raise
+    assert group is not None
+    return group
+
+
+def abort_nccl(group: dist.ProcessGroup) -> None:
+    """Aborts the group's NCCL communicators: kernels waiting on a dead peer end, and the
+    next use of the group raises. Bounded by the group's timeout inside torch."""
+    try:
+        group._get_backend(torch.device("cuda")).abort()
+    except Exception as exc:  # already aborted, or never connected: nothing left to cut
+        log.debug("aborting the NCCL group failed: %s", exc)
+
+
+def agree_on_nccl(wants_nccl: bool) -> bool:
+    """Whether every rank of the just-built Gloo group can use NCCL (one tiny allreduce:
+    with --backend auto, a host without GPUs must not leave the others waiting for it)."""
+    if dist.get_world_size() == 1:
+        return wants_nccl
+    vote = torch.tensor([1 if wants_nccl else 0], dtype=torch.int32)
+    dist.all_reduce(vote, op=dist.ReduceOp.MIN)
+    return bool(vote.item())
+
+
 def group_count() -> int | None:
     world = getattr(dist.distributed_c10d, "_world", None)
     return getattr(world, "group_count", None)
@@ -81,6 +122,15 @@ def destroy_process_group() -> None:
             log.debug("destroying the process group failed: %s", exc)
 
 
+@dataclass(frozen=True)
+class DataPlane:
+    """How this worker's rounds carry CUDA tensors (chosen once, at init)."""
+
+    backend: str = "gloo"  # "nccl" or "gloo"
+    device: torch.device | None = None  # the GPU this worker is pinned to
+    agree: bool = False  # chosen by "auto": every round checks that all ranks chose NCCL
+
+
 class RoundSession:
     """This worker's membership in one round: build it, abort it, leave it."""
 
@@ -94,6 +144,9 @@ class RoundSession:
         collective_timeout: float = 60.0,
         driver_peer: tuple[str, int] = ("", 0),
         key_prefix: str = "",
+        backend: str = "gloo",
+        device: torch.device | None = None,
+        agree: bool = False,
     ) -> None:
         self.number = number
         self.slot = slot
@@ -102,6 +155,10 @@ class RoundSession:
         self.collective_timeout = collective_timeout
         self._driver_peer = driver_peer  # connections to the driver are never cut
         self._key_prefix = key_prefix
+        self.backend = backend  # for CUDA tensors: "nccl" or "gloo" (through host memory)
+        self.device = device  # the GPU this worker is pinned to, if any
+        self._agree = agree  # backend "auto": NCCL only if every rank can use it
+        self.device_group: dist.ProcessGroup | None = None  # NCCL, for CUDA tensors
         self._lock = threading.Lock()
         self._sockets: dict[int, str] = {}  # fd -> inode of the group's connections
         self._aborted = False
@@ -109,12 +166,13 @@ class RoundSession:
 
     @classmethod
     def for_reply(cls, reply: protocol.JoinReply, store: dist.Store, collective_timeout: float,
-                  driver_peer: tuple[str, int]) -> RoundSession:
+                  driver_peer: tuple[str, int], plane: DataPlane) -> RoundSession:
         """The session of the round the driver just placed this worker in."""
         assert reply.slot is not None
         return cls(reply.round, reply.slot, store, notice_seq=reply.notice_seq,
                    collective_timeout=collective_timeout, driver_peer=driver_peer,
-                   key_prefix=protocol.round_prefix(reply.round))
+                   key_prefix=protocol.round_prefix(reply.round), backend=plane.backend,
+                   device=plane.device, agree=plane.agree)
 
     @property
     def built(self) -> bool:
@@ -137,6 +195,7 @@ class RoundSession:
         try:
             with collective(f"building round {self.number}'s group"):
                 connect(self.slot, store, self.collective_timeout)
+                self._build_device_group()
             self._built = True
         finally:  # on failure too: a half-built group's connections must be cut
             with self._lock:
@@ -145,13 +204,32 @@ class RoundSession:
                     sever(self._sockets)
                     self._sockets = {}
 
+    def _build_device_group(self) -> None:
+        if self._agree:  # every rank votes, those without NCCL too
+            chosen = agree_on_nccl(self.backend == "nccl")
+            if self.backend == "nccl" and not chosen:
+                log.warning("round %d: not every rank can use NCCL; CUDA tensors go through "
+                            "host memory on Gloo this round", self.number)
+            self.backend = "nccl" if chosen else "gloo"
+        if self.backend != "nccl":
+            return
+        group = init_nccl_group(self.device, self.collective_timeout)
+        with self._lock:
+            self.device_group = group
+            if self._aborted:  # the round broke while the communicator was connecting
+                abort_nccl(group)
+
     def abort(self) -> int:
-        """Cuts the round's connections: collectives blocked on them, here and on every
-        peer, fail at once. Safe from any thread; returns how many were cut."""
+        """Cuts the round's connections and aborts its NCCL communicators: collectives
+        blocked on them, here and on every peer, fail at once. Safe from any thread;
+        returns how many Gloo connections were cut."""
         with self._lock:
             self._aborted = True
             count = sever(self._sockets)
             self._sockets = {}
+            group = self.device_group
+        if group is not None:
+            abort_nccl(group)
         return count
 
     def leave(self, *, last: bool = False) -> None:
@@ -162,6 +240,7 @@ class RoundSession:
         self.abort()
         gc.collect(1)  # young cycles may still hold the round's works
         destroy_process_group()
+        self.device_group = None
         if last:
             gc.collect()
 

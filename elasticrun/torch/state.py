@@ -1,18 +1,19 @@
 """TorchState: model, optimizer and any other objects, committed in memory.
 
 A commit copies into buffers kept from the previous commit (no new allocations once
-shapes are stable). Objects with `state_dict`/`load_state_dict` (ElasticSampler, LR
-schedulers) are committed through those; anything else by deep copy.
+shapes are stable); copies of GPU tensors stay on the GPU or go to pinned host memory
+(`commit_to`, snapshot.py). Objects with `state_dict`/`load_state_dict` (ElasticSampler,
+LR schedulers) are committed through those; anything else by deep copy.
 """
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
 
 from elasticrun.torch import functions
+from elasticrun.torch.snapshot import Placement, snapshot, snapshot_tensors
 from elasticrun.worker.elastic import Backend, State
 
 _RESERVED = {"model", "optimizer"}
@@ -22,51 +23,22 @@ def _stateful(value: Any) -> bool:
     return hasattr(value, "state_dict") and hasattr(value, "load_state_dict")
 
 
-def snapshot_tensors(
-    tensors: dict[str, torch.Tensor], previous: dict[str, torch.Tensor] | None
-) -> dict[str, torch.Tensor]:
-    """A copy of a flat name -> tensor mapping (a model's state_dict). When `previous` has
-    the same layout, its buffers are refilled with one fused copy."""
-    if previous is not None and previous.keys() == tensors.keys() and all(
-        p.shape == t.shape and p.dtype == t.dtype and p.device == t.device
-        for p, t in zip(previous.values(), tensors.values(), strict=True)
-    ):
-        torch._foreach_copy_(list(previous.values()), [t.detach() for t in tensors.values()])
-        return previous
-    return {name: t.detach().clone() for name, t in tensors.items()}
-
-
-def snapshot(tree: Any, previous: Any = None) -> Any:
-    """A detached copy of a nested dict/list/tuple of tensors and values, reusing the
-    tensors of `previous` where shape and dtype still match."""
-    if isinstance(tree, torch.Tensor):
-        if isinstance(previous, torch.Tensor) and previous.shape == tree.shape \
-                and previous.dtype == tree.dtype and previous.device == tree.device:
-            return previous.copy_(tree.detach())
-        return tree.detach().clone()
-    if isinstance(tree, dict):
-        old = previous if isinstance(previous, dict) else {}
-        return {key: snapshot(value, old.get(key)) for key, value in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        old_items = list(previous) if isinstance(previous, (list, tuple)) \
-            and len(previous) == len(tree) else [None] * len(tree)
-        items = [snapshot(value, prev) for value, prev in zip(tree, old_items, strict=True)]
-        return items if isinstance(tree, list) else tuple(items)
-    return copy.deepcopy(tree)
-
-
 class TorchState(State):
     """`TorchState(model=None, optimizer=None, **objects)`; objects are attributes,
-    e.g. `state.epoch`, `state.sampler`."""
+    e.g. `state.epoch`, `state.sampler`. `commit_to` says where commits keep copies of GPU
+    tensors: "device", "host" (pinned memory) or "auto" (the device while the GPU has room
+    for the copy twice over)."""
 
     def __init__(
         self,
         model: torch.nn.Module | None = None,
         optimizer: torch.optim.Optimizer | None = None,
         backend: Backend | None = None,
+        commit_to: str = "auto",
         **objects: Any,
     ) -> None:
         super().__init__(backend)
+        self._placement = Placement(commit_to)
         self.model = model
         self.optimizer = optimizer
         self._object_names = list(objects)
@@ -91,18 +63,23 @@ class TorchState(State):
                 setattr(self, name, value)
 
     def save(self) -> None:
+        self._placement.settle()  # the last commit's copies complete before they are reused
         saved: dict[str, Any] = {}
         if self.model is not None:
-            saved["model"] = snapshot_tensors(self.model.state_dict(), self._saved.get("model"))
+            saved["model"] = snapshot_tensors(self.model.state_dict(), self._saved.get("model"),
+                                              self._placement)
         if self.optimizer is not None:
             saved["optimizer"] = snapshot(self.optimizer.state_dict(),
-                                          self._saved.get("optimizer"))
-        saved["objects"] = snapshot(self._object_states(), self._saved.get("objects"))
+                                          self._saved.get("optimizer"), self._placement)
+        saved["objects"] = snapshot(self._object_states(), self._saved.get("objects"),
+                                    self._placement)
+        self._placement.copied()
         self._saved = saved
 
     def restore(self) -> None:
         # Loading must copy: an optimizer keeps the tensors it is given and updates them
         # in place, which would silently change the commit.
+        self._placement.settle()
         if self.model is not None:
             self.model.load_state_dict(self._saved["model"])
         if self.optimizer is not None:

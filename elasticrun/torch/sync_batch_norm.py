@@ -17,12 +17,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch.autograd.function import Function, once_differentiable
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from elasticrun.torch import runtime
+from elasticrun.torch import plane, runtime
 from elasticrun.torch.boundary import collective
 
 
@@ -99,7 +98,7 @@ class _SyncBatchNormFunction(Function):
             rows[rank, 1:1 + channels] = mean
             rows[rank, 1 + channels:] = var.to(torch.float64) * count
         with collective("sync batch norm"):
-            dist.all_reduce(rows)
+            plane.all_reduce(rows)
         counts = rows[:, :1]
         total = int(counts.sum().item())
         if total <= 1:
@@ -147,7 +146,7 @@ class _SyncBatchNormFunction(Function):
             # The input gradient needs the sums over every rank's samples.
             sums = torch.cat([sum_dy, sum_dy_x_hat]).to(torch.float64)
             with collective("sync batch norm"):
-                dist.all_reduce(sums)
+                plane.all_reduce(sums)
             all_dy, all_dy_x_hat = (s.to(mean.dtype) / ctx.total for s in sums.chunk(2))
             scale = invstd if weight is None else invstd * weight.to(mean.dtype)
             grad_input = ((dy - _channel_view(all_dy, dims)

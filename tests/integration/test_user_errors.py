@@ -13,6 +13,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+import torch
+import torch.distributed as dist
+
 from tests.integration.harness import PYTHON, SCRIPTS, run_job
 from tests.integration.progress import check_job
 
@@ -51,3 +55,29 @@ def test_a_user_runtime_error_ends_its_worker_and_the_others_go_on(tmp_path: Pat
     assert views[-1].resume_step == 9  # the last commit before step 10
     # The worker whose code raised never took its error for a peer's: it did not roll back.
     assert not [r for r in result.events("restore") if r["pid"] == faults[0]["pid"]]
+
+
+def test_backend_nccl_without_a_gpu_ends_the_job_with_one_clear_line(tmp_path: Path) -> None:
+    """--backend nccl where a worker cannot use NCCL: each worker says why in one line (no
+    traceback) and the job ends at once, naming it; nothing is left running."""
+    if torch.cuda.is_available() and dist.is_nccl_available():
+        pytest.skip("this machine can use NCCL: tests/gpu covers --backend nccl")
+    result = run_job(["-np", "2", "--backend", "nccl", PYTHON, str(SCRIPTS / "device_report.py")],
+                     {}, log_dir=tmp_path / "logs", timeout=60)
+    assert result.returncode == 1
+    why = "--backend nccl: this worker cannot use NCCL"
+    assert result.stderr.count(f"elasticrun: {why}") >= 2  # once per worker, from the worker
+    assert "Traceback" not in result.stderr
+    assert f"exited with code 2; last lines of its stderr:\n    elasticrun: {why}" \
+        in result.stderr
+
+
+def test_backend_auto_on_cpus_is_gloo(tmp_path: Path) -> None:
+    result = run_job(["-np", "2", PYTHON, str(SCRIPTS / "device_report.py")], {},
+                     log_dir=tmp_path / "logs", timeout=60)
+    assert result.returncode == 0, result.stderr[-2000:]
+    reports = sorted((json.loads(line.split(":", 1)[1]) for line in result.stdout.splitlines()
+                      if "<stdout>:{" in line), key=lambda r: r["rank"])
+    expected = "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
+    assert [(r["rank"], r["backend"], r["sum"]) for r in reports] == \
+        [(0, expected, [3.0] * 3), (1, expected, [3.0] * 3)]

@@ -49,6 +49,7 @@ class EnvSettings:
     round_timeout: float
     driver_timeout: float
     gloo_interface: str | None
+    backend: str = "auto"
 
 
 def worker_env(
@@ -84,6 +85,7 @@ def worker_env(
         protocol.ENV_COLLECTIVE_TIMEOUT: f"{settings.collective_timeout:g}",
         protocol.ENV_ROUND_TIMEOUT: f"{settings.round_timeout:g}",
         protocol.ENV_DRIVER_TIMEOUT: f"{settings.driver_timeout:g}",
+        protocol.ENV_BACKEND: settings.backend,
         "RANK": str(info.rank),
         "WORLD_SIZE": str(info.size),
         "LOCAL_RANK": str(info.local_rank),

@@ -1,0 +1,152 @@
+"""The data plane: every tensor collective elasticrun issues goes through here, on the
+device of its tensors.
+
+CPU tensors travel on the round's Gloo group (the default group). CUDA tensors travel on
+the round's NCCL group when it has one (`--backend nccl`, or `auto` on GPUs), with no
+host round trip; on a Gloo-only round they are copied to host memory, reduced there and
+copied back (`_Staged`), which works for every collective, point-to-point included.
+Signatures follow torch.distributed's; with `async_op=True` the result is a Work-like
+object (`wait`, `is_completed`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from elasticrun.torch import runtime
+
+Work = Any  # a torch Work, or _Staged
+
+
+def device_group() -> dist.ProcessGroup | None:
+    """The round's group for CUDA tensors (None: they go through host memory on Gloo)."""
+    session = runtime.current().session
+    return None if session is None else session.device_group
+
+
+def process_group_for(device: torch.device | str = "cuda") -> dist.ProcessGroup:
+    """The current round's group for tensors on `device`: hand it to code that calls
+    torch.distributed itself, e.g. `DDP(model, process_group=er.process_group_for("cuda"))`
+    (a round's groups end with it: build the DDP model again after a reset)."""
+    kind = torch.device(device).type
+    group = device_group() if kind == "cuda" else None
+    if group is None:
+        group = dist.distributed_c10d._get_default_group()
+    return group
+
+
+def cuda_device() -> torch.device:
+    """This worker's GPU: the one it is pinned to, else CUDA's current device."""
+    pinned = runtime.current().device
+    return pinned if pinned is not None else torch.device("cuda", torch.cuda.current_device())
+
+
+class _Staged:
+    """A collective on host copies of CUDA tensors; waiting copies the results back."""
+
+    def __init__(self, work: Work | None, copy_back: Callable[[], None]) -> None:
+        self._work = work
+        self._copy_back: Callable[[], None] | None = copy_back
+
+    def is_completed(self) -> bool:
+        return self._work is None or self._work.is_completed()
+
+    def wait(self, timeout: Any = None) -> bool:
+        if self._work is not None:
+            self._work.wait()
+            self._work = None
+        if self._copy_back is not None:
+            copy_back, self._copy_back = self._copy_back, None
+            copy_back()
+        return True
+
+
+def _route(tensors: Sequence[torch.Tensor]) -> tuple[dist.ProcessGroup | None, bool]:
+    """(the group to use, whether to stage through host memory)."""
+    if not any(t.is_cuda for t in tensors):
+        return None, False
+    group = device_group()
+    return group, group is None
+
+
+def _host(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().to("cpu")
+
+
+def _staged(work: Work | None, copy_back: Callable[[], None], async_op: bool) -> Work:
+    staged = _Staged(work, copy_back)
+    if async_op:
+        return staged
+    staged.wait()
+    return None
+
+
+def _copy_into(targets: Sequence[torch.Tensor], sources: Sequence[torch.Tensor]
+               ) -> Callable[[], None]:
+    def copy_back() -> None:
+        for target, source in zip(targets, sources, strict=True):
+            target.copy_(source, non_blocking=False)
+    return copy_back
+
+
+def all_reduce(tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM,
+               async_op: bool = False) -> Work:
+    group, stage = _route([tensor])
+    if not stage:
+        return dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
+    host = _host(tensor)
+    work = dist.all_reduce(host, op=op, async_op=True)
+    return _staged(work, _copy_into([tensor], [host]), async_op)
+
+
+def broadcast(tensor: torch.Tensor, src: int, async_op: bool = False) -> Work:
+    group, stage = _route([tensor])
+    if not stage:
+        return dist.broadcast(tensor, src=src, group=group, async_op=async_op)
+    host = _host(tensor)
+    work = dist.broadcast(host, src=src, async_op=True)
+    return _staged(work, _copy_into([tensor], [host]), async_op)
+
+
+def all_gather(outputs: list[torch.Tensor], tensor: torch.Tensor,
+               async_op: bool = False) -> Work:
+    group, stage = _route([tensor, *outputs])
+    if not stage:
+        return dist.all_gather(outputs, tensor, group=group, async_op=async_op)
+    hosts = [torch.empty(t.shape, dtype=t.dtype) for t in outputs]
+    work = dist.all_gather(hosts, _host(tensor), async_op=True)
+    return _staged(work, _copy_into(outputs, hosts), async_op)
+
+
+def all_to_all_single(output: torch.Tensor, source: torch.Tensor,
+                      output_split_sizes: list[int] | None = None,
+                      input_split_sizes: list[int] | None = None,
+                      async_op: bool = False) -> Work:
+    group, stage = _route([output, source])
+    if not stage:
+        return dist.all_to_all_single(output, source, output_split_sizes=output_split_sizes,
+                                      input_split_sizes=input_split_sizes, group=group,
+                                      async_op=async_op)
+    host = torch.empty(output.shape, dtype=output.dtype)
+    work = dist.all_to_all_single(host, _host(source), output_split_sizes=output_split_sizes,
+                                  input_split_sizes=input_split_sizes, async_op=True)
+    return _staged(work, _copy_into([output], [host]), async_op)
+
+
+def send(tensor: torch.Tensor, dst: int) -> None:
+    group, stage = _route([tensor])
+    dist.send(_host(tensor) if stage else tensor, dst=dst, group=group)
+
+
+def recv(tensor: torch.Tensor, src: int) -> None:
+    group, stage = _route([tensor])
+    if not stage:
+        dist.recv(tensor, src=src, group=group)
+        return
+    host = torch.empty(tensor.shape, dtype=tensor.dtype)
+    dist.recv(host, src=src)
+    tensor.copy_(host)
