@@ -45,14 +45,15 @@ def _throughput(out: Path) -> dict[str, float]:
     return {"steps_per_s": rate, "commit_ms": median(commits) * 1e3 if commits else 0.0}
 
 
-def run_config(config: str, params: float, steps: int) -> dict[str, float]:
+def run_config(config: str, params: float, steps: int,
+               extra_env: dict[str, str] | None = None) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "events.jsonl"
         every = {"commit_never": 0, "commit_10": 10, "commit_1": 1}.get(config, 0)
         env = bench_env({"BENCH_OUT": str(out), "BENCH_PARAMS": f"{params:g}",
                          "BENCH_STEPS": str(steps + WARMUP_STEPS),
                          "BENCH_COMMIT_EVERY": str(every), "BENCH_CHECKPOINT_EVERY": "0",
-                         "BENCH_CHECKPOINT_DIR": tmp})
+                         "BENCH_CHECKPOINT_DIR": tmp, **(extra_env or {})})
         if config == "ddp":
             command = torchrun_command(SCRIPTS / "torchrun_train.py", 2, port=free_port())
         else:

@@ -17,6 +17,7 @@ steps of work lost; and where the time went.
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -63,13 +64,16 @@ def _training_env(out: Path, params: float, steps: int) -> dict[str, str]:
                       "BENCH_CHECKPOINT_EVERY": str(COMMIT_EVERY)})
 
 
-def elasticrun_trial(params: float, steps: int, tmp: Path) -> dict[str, Any]:
+def elasticrun_trial(params: float, steps: int, tmp: Path, args: Sequence[str] = (),
+                     env: dict[str, str] | None = None) -> dict[str, Any]:
+    """One recovery; `args` and `env` add to the job's flags and environment (the GPU
+    benchmark's backend and device)."""
     out, driver_log = tmp / "er.jsonl", tmp / "er-driver.jsonl"
     with Jobs() as jobs:
         jobs.start(elasticrun_command(["-H", "localhost:2,127.0.0.1:2", "--min-np", "2",
-                                       "--event-log", str(driver_log)],
+                                       "--event-log", str(driver_log), *args],
                                       SCRIPTS / "er_train.py"),
-                   _training_env(out, params, steps))
+                   {**_training_env(out, params, steps), **(env or {})})
         jobs.wait(600, "elasticrun recovery job", progress=out, stall_s=STALL_S)
     driver = [{**e, "event": e["type"]} for e in read_events(driver_log)]
     events = read_events(out)
@@ -86,7 +90,12 @@ def elasticrun_trial(params: float, steps: int, tmp: Path) -> dict[str, Any]:
     breakdown = {"detection_s": failed - t, "decision_s": opened - failed,
                  "rendezvous_s": assigned - opened, "gloo_s": built - assigned,
                  "sync_s": synced - built, "first_step_s": resumed - synced}
-    return {**outcome, **breakdown, "params": _first(events, "done", 0)["params"],
+    # A survivor's own side, overlapping the above: from its collective failing to its
+    # join request (the round's groups aborted and torn down meanwhile).
+    failures = {e["pid"]: e["time"] for e in events if e["event"] == "failure" and e["time"] > t}
+    teardown = [e["asked"] - failures[e["pid"]] for e in resets if e["pid"] in failures]
+    return {**outcome, **breakdown, "teardown_s": max(teardown, default=0.0),
+            "params": _first(events, "done", 0)["params"],
             "timeline": _timeline(events, t, marks={"reset": opened, "resume": resumed})}
 
 

@@ -17,6 +17,8 @@ optimizer   DistributedOptimizer on a 6-layer transformer and a 12-layer conv ne
             torchrun; gradient bytes per step and step time with Compression.fp16.
 rendezvous  slot assignment for N simulated workers speaking the real protocol.
 gloo        Gloo process-group build through the driver's store against torch's TCPStore.
+gpu         (on a GPU machine) recovery over NCCL with its breakdown, throughput against
+            DDP over NCCL, and commits kept on the device or in pinned host memory.
 timeline    the same 2-worker elastic job with --timeline-filename and without: step time
             and the timeline's overhead in percent.
 """
@@ -41,6 +43,7 @@ BENCHMARKS = {
     "rendezvous": "rendezvous_scale",
     "gloo": "gloo_build",
     "timeline": "timeline_overhead",
+    "gpu": "gpu",
 }
 
 

@@ -78,7 +78,7 @@ def _positive(_ctx: click.Context, param: click.Parameter, value: float | None) 
               callback=_positive, help="Seconds a collective may block before it counts "
                                        "as a failure.")
 @click.option("--backend", type=click.Choice(["auto", "gloo", "nccl"]), default="auto",
-              show_default=True,
+              show_default=True, envvar="ELASTICRUN_BACKEND", show_envvar=True,
               help="What carries CUDA tensors: nccl, gloo (through host memory), or auto "
                    "(NCCL where every worker has a GPU and torch has NCCL). CPU tensors "
                    "always travel on Gloo.")

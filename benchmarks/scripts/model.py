@@ -4,7 +4,9 @@ the settings.
 Env: BENCH_PARAMS (approximate parameter count), BENCH_OUT (JSON-lines file of events),
 BENCH_STEPS (stop after this step), BENCH_KILL_STEP / BENCH_KILL_RANK (that rank SIGKILLs
 itself at that step, once), BENCH_TARGET_SIZE / BENCH_STEPS_AT_TARGET (scale-up: stop
-after that many steps at that world size).
+after that many steps at that world size), BENCH_DEVICE (cpu, or cuda: every worker on
+the current GPU), BENCH_NCCL_HOST_PER_WORKER=1 (each worker its own NCCL host identity, so
+that several ranks can share one GPU over NCCL's sockets).
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ KILL_STEP = int(os.environ.get("BENCH_KILL_STEP", "-1"))
 KILL_RANK = int(os.environ.get("BENCH_KILL_RANK", "-1"))
 TARGET_SIZE = int(os.environ.get("BENCH_TARGET_SIZE", "0"))
 STEPS_AT_TARGET = int(os.environ.get("BENCH_STEPS_AT_TARGET", "5"))
+DEVICE = torch.device(os.environ.get("BENCH_DEVICE", "cpu"))
+if os.environ.get("BENCH_NCCL_HOST_PER_WORKER") == "1":
+    os.environ["NCCL_HOSTID"] = f"elasticrun-bench-{os.getpid()}"
 BATCH = 32
 IN_FEATURES = 64
 CLASSES = 10
@@ -40,13 +45,13 @@ def build_model() -> torch.nn.Module:
     width = max(8, int(math.sqrt(PARAMS)))
     return torch.nn.Sequential(torch.nn.Linear(IN_FEATURES, width), torch.nn.ReLU(),
                                torch.nn.Linear(width, width), torch.nn.ReLU(),
-                               torch.nn.Linear(width, CLASSES))
+                               torch.nn.Linear(width, CLASSES)).to(DEVICE)
 
 
 def batch(rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(rank)
-    return (torch.randn(BATCH, IN_FEATURES, generator=generator),
-            torch.randint(0, CLASSES, (BATCH,), generator=generator))
+    return (torch.randn(BATCH, IN_FEATURES, generator=generator).to(DEVICE),
+            torch.randint(0, CLASSES, (BATCH,), generator=generator).to(DEVICE))
 
 
 def parameter_count(model: torch.nn.Module) -> int:

@@ -23,6 +23,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from model import (  # noqa: E402
+    DEVICE,
     KILL_RANK,
     KILL_STEP,
     STEPS,
@@ -47,13 +48,13 @@ def main() -> None:
     model = build_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     emit("imported")
-    dist.init_process_group("gloo")
+    dist.init_process_group("nccl" if DEVICE.type == "cuda" else "gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
     emit("initialized", rank=rank, size=size)
     step = 0
     checkpoint = CHECKPOINT_DIR / "checkpoint.pt"
     if checkpoint.exists():
-        saved = torch.load(checkpoint)
+        saved = torch.load(checkpoint, map_location=DEVICE)
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
         step = saved["step"]

@@ -73,10 +73,11 @@ def init_nccl_group(device: torch.device | None, timeout: float) -> dist.Process
     options = dist.ProcessGroupNCCL.Options()
     options.config.blocking = 0
     options.is_high_priority_stream = False
+    options._timeout = datetime.timedelta(seconds=timeout)  # torch warns unless they agree
     names_before = group_count()
     try:
         group = dist.new_group(backend="nccl", pg_options=options, device_id=device,
-                               timeout=datetime.timedelta(seconds=timeout))
+                               timeout=options._timeout)
     except BaseException:
         _set_group_count(names_before)
         raise

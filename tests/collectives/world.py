@@ -21,17 +21,28 @@ COLLECTIVE_TIMEOUT_S = 15.0
 CALL_TIMEOUT_S = 60.0
 
 
-def _serve(rank: int, size: int, store_path: str, tasks: Any, results: Any) -> None:
+def _serve(rank: int, size: int, store_path: str, tasks: Any, results: Any,
+           backend: str) -> None:
+    import os
+
+    import torch
     import torch.distributed as dist
 
     from elasticrun.protocol import SlotInfo
     from elasticrun.torch import runtime
-    from elasticrun.torch.session import RoundSession
+    from elasticrun.torch.devices import nccl_environment
+    from elasticrun.torch.session import DataPlane, RoundSession
 
     slot = SlotInfo("localhost", rank, size, rank, size, 0, 1)
     live = runtime.Runtime(collective_timeout=COLLECTIVE_TIMEOUT_S)
+    if backend != "cpu":  # every rank on cuda:0; NCCL: each rank its own NCCL host
+        os.environ["NCCL_HOSTID"] = f"gloo-world-{os.getpid()}"
+        nccl_environment(os.environ, COLLECTIVE_TIMEOUT_S)
+        live.plane = DataPlane(backend, torch.device("cuda", 0))
+        torch.cuda.set_device(0)
     live.session = RoundSession(1, slot, dist.FileStore(store_path, size),
-                                collective_timeout=COLLECTIVE_TIMEOUT_S)
+                                collective_timeout=COLLECTIVE_TIMEOUT_S,
+                                backend=live.plane.backend, device=live.plane.device)
     live.session.build()
     runtime._runtime = live
     results.put(("ready", rank, None))
@@ -52,8 +63,12 @@ class WorldError(AssertionError):
 
 
 class GlooWorld:
-    def __init__(self, size: int) -> None:
+    """`backend`: "cpu" (CPU ranks on Gloo), or with every rank on cuda:0, "gloo" (CUDA
+    tensors through host memory) or "nccl"."""
+
+    def __init__(self, size: int, backend: str = "cpu") -> None:
         self.size = size
+        self.backend = backend
         self._context = mp.get_context("spawn")
         self._processes: list[Any] = []
         self._start()
@@ -66,7 +81,7 @@ class GlooWorld:
         self._processes = [
             self._context.Process(target=_serve, daemon=True,
                                   args=(rank, self.size, store_path, self._tasks[rank],
-                                        self._results))
+                                        self._results, self.backend))
             for rank in range(self.size)
         ]
         for process in self._processes:

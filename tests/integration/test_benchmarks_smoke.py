@@ -85,3 +85,20 @@ def test_gloo() -> None:
     out, result = run_quick("gloo")
     sizes = result["sizes"]
     assert sizes["2"]["driver_s"] > 0 and sizes["2"]["tcp_s"] > 0
+
+
+def test_gpu() -> None:
+    """On a machine without a GPU the benchmark says so and why; on one, its quick mode
+    measures recovery (with its breakdown), throughput and commit placement."""
+    out, result = run_quick("gpu")
+    import torch
+
+    if not torch.cuda.is_available():
+        assert result == {"skipped": "no CUDA device (this benchmark runs on a GPU machine)"}
+        assert "gpu: skipped: no CUDA device" in out
+        return
+    recovery = result["recovery"]["median"]
+    phases = ("detection_s", "decision_s", "rendezvous_s", "gloo_s", "sync_s", "first_step_s")
+    assert sum(recovery[k] for k in phases) == pytest.approx(recovery["resume_s"])
+    assert all(rate > 0 for rate in result["throughput"]["steps_per_s"].values())
+    assert result["commit"]["device"]["restore_ms"] > 0

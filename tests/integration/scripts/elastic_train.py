@@ -12,6 +12,9 @@ $LOG_DIR/raise-<pid> makes worker <pid> raise at its next step (and is removed).
 TRAIN_STOP_FILE: when it exists at the end of an epoch, training stops there.
 Rank 0 writes [committed step, world size] to $PROGRESS_FILE for discovery scripts.
 The learning rate is BASE_LR * world size, rescaled by a reset callback.
+TRAIN_DEVICE=cuda trains on this worker's GPU (tests/gpu); "round" records then carry the
+round's backend and the GPU memory in use. TRAIN_NCCL_HOST_PER_WORKER=1 gives each worker
+its own NCCL host identity, so that several ranks can share one GPU over NCCL's sockets.
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ STEP_SLEEP = float(os.environ.get("TRAIN_STEP_SLEEP", "0"))
 # workers start while training goes on) arrives before the job ends.
 SLOW_BELOW = int(os.environ.get("TRAIN_SLOW_BELOW", "0"))
 BASE_LR = 0.0125
+DEVICE = os.environ.get("TRAIN_DEVICE", "cpu")
+if os.environ.get("TRAIN_NCCL_HOST_PER_WORKER") == "1":
+    os.environ["NCCL_HOSTID"] = f"elasticrun-test-{os.getpid()}"
 LOG_DIR = os.environ["LOG_DIR"]
 PROGRESS_FILE = os.environ.get("PROGRESS_FILE")
 STOP_FILE = os.environ.get("TRAIN_STOP_FILE")
@@ -53,7 +59,7 @@ def log(event: str, **fields: object) -> None:
 def params_hash(model: torch.nn.Module) -> str:
     digest = hashlib.sha256()
     for tensor in model.state_dict().values():
-        digest.update(tensor.detach().contiguous().numpy().tobytes())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()[:16]
 
 
@@ -88,12 +94,18 @@ class LoggedState(er.elastic.TorchState):
 def main() -> None:
     log("start")
     er.init()
+    from elasticrun.torch import runtime
+
+    device = torch.device("cpu")
+    if DEVICE == "cuda":
+        device = runtime.current().device or torch.device("cuda", torch.cuda.current_device())
     torch.manual_seed(0)
     generator = torch.Generator().manual_seed(7)
     data = torch.randn(SAMPLES, 8, generator=generator)
     target = (data.sum(dim=1) > 0).long()
     dataset = TensorDataset(torch.arange(SAMPLES), data, target)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(),
+                                torch.nn.Linear(16, 2)).to(device)
     optimizer = er.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=BASE_LR * er.size(), momentum=0.9),
         named_parameters=model.named_parameters())
@@ -110,11 +122,14 @@ def main() -> None:
 
     @er.elastic.run
     def train(state: er.elastic.TorchState) -> None:
-        from elasticrun.torch import runtime
-
+        session = runtime.current().session
+        gpu = {} if device.type != "cuda" else {
+            "gpu_allocated": torch.cuda.memory_allocated(device),
+            "gpu_used": (lambda free, total: total - free)(*torch.cuda.mem_get_info(device))}
         log("round", round=runtime.current().round, rank=er.rank(), size=er.size(),
             step=state.step, epoch=state.epoch, hash=params_hash(model),
-            lr=optimizer.param_groups[0]["lr"], resets=len(resets))
+            lr=optimizer.param_groups[0]["lr"], resets=len(resets),
+            backend=session.backend if session else "", **gpu)
         loader = DataLoader(dataset, batch_size=BATCH, sampler=state.sampler)
         while state.epoch < EPOCHS:
             for batch_idx, (indices, x, y) in enumerate(loader):
@@ -125,6 +140,7 @@ def main() -> None:
                 log("batch", round=runtime.current().round, rank=er.rank(), size=er.size(),
                     epoch=state.epoch, step=state.step + 1, indices=indices.tolist())
                 optimizer.zero_grad()
+                x, y = x.to(device), y.to(device)
                 F.cross_entropy(model(x), y).backward()
                 optimizer.step()
                 state.sampler.record_batch(batch_idx, BATCH)
