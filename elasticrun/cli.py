@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 
 from elasticrun import protocol
+from elasticrun.config import BACKENDS
 from elasticrun.config_file import config_file_callback
 from elasticrun.driver.driver import Driver
 from elasticrun.driver.processes.output import OutputRouter
@@ -77,7 +78,7 @@ def _positive(_ctx: click.Context, param: click.Parameter, value: float | None) 
 @click.option("--collective-timeout", type=float, default=60.0, show_default=True,
               callback=_positive, help="Seconds a collective may block before it counts "
                                        "as a failure.")
-@click.option("--backend", type=click.Choice(["auto", "gloo", "nccl"]), default="auto",
+@click.option("--backend", type=click.Choice(BACKENDS), default="auto",
               show_default=True, envvar="ELASTICRUN_BACKEND", show_envvar=True,
               help="What carries CUDA tensors: nccl, gloo (through host memory), or auto "
                    "(NCCL where every worker has a GPU and torch has NCCL). CPU tensors "

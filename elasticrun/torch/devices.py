@@ -24,6 +24,15 @@ from elasticrun.errors import ConfigError
 
 
 @dataclass(frozen=True)
+class DataPlane:
+    """How this worker's rounds carry CUDA tensors (chosen once, at init)."""
+
+    backend: str = "gloo"  # "nccl" or "gloo"
+    device: torch.device | None = None  # the GPU this worker is pinned to
+    agree: bool = False  # chosen by "auto": every round checks that all ranks chose NCCL
+
+
+@dataclass(frozen=True)
 class Devices:
     """What this process can use."""
 
@@ -115,15 +124,16 @@ def pin(index: int | None) -> torch.device | None:
 
 
 def configure(local_rank: int, env: MutableMapping[str, str] | None = None
-              ) -> tuple[str, torch.device | None, list[str]]:
-    """At init: the backend for CUDA tensors, the device this worker is pinned to, and the
+              ) -> tuple[DataPlane, list[str]]:
+    """At init: how CUDA tensors travel and the device this worker is pinned to, and the
     NCCL settings the user overrode."""
     env = os.environ if env is None else env
     devices = Devices.detect()
-    backend = choose_backend(requested_backend(env), devices)
+    requested = requested_backend(env)
+    backend = choose_backend(requested, devices)
     device = pin(device_index(env.get(protocol.ENV_CUDA_DEVICE), local_rank, devices, backend))
     overridden: list[str] = []
     if backend == "nccl":
         timeout = float(env.get(protocol.ENV_COLLECTIVE_TIMEOUT, "60"))
         overridden = nccl_environment(env, timeout)
-    return backend, device, overridden
+    return DataPlane(backend, device, agree=requested == "auto"), overridden

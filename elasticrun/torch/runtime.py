@@ -25,7 +25,8 @@ from elasticrun.errors import ConfigError
 from elasticrun.netif import interface_towards
 from elasticrun.protocol import SlotInfo
 from elasticrun.torch import devices
-from elasticrun.torch.session import DataPlane, JoinTiming, RoundSession
+from elasticrun.torch.devices import DataPlane
+from elasticrun.torch.session import JoinTiming, RoundSession
 from elasticrun.torch.session import group_count as _group_count  # noqa: F401 - tests use it
 from elasticrun.torch.session import init_process_group as _init_process_group
 from elasticrun.worker import timeline
@@ -107,9 +108,7 @@ class Runtime:
     def start(self) -> None:
         """Joins the first round (blocks until it is complete), or makes a world of one."""
         local_rank = int(os.environ.get(protocol.ENV_LOCAL_RANK, "0"))
-        backend, device, overridden = devices.configure(local_rank)
-        self.plane = DataPlane(backend, device,
-                               agree=devices.requested_backend(os.environ) == "auto")
+        self.plane, overridden = devices.configure(local_rank)
         for setting in overridden:
             log.warning("%s is set: a failed peer may take this process down instead of "
                         "letting it recover in-process", setting)

@@ -32,6 +32,7 @@ import torch.distributed as dist
 from elasticrun import protocol
 from elasticrun.protocol import SlotInfo
 from elasticrun.torch.boundary import collective
+from elasticrun.torch.devices import DataPlane
 from elasticrun.worker.elastic import WorkersFailedError
 from elasticrun.worker.sockets import new_tcp_sockets, open_socket_fds, sever
 
@@ -121,15 +122,6 @@ def destroy_process_group() -> None:
             dist.destroy_process_group()
         except Exception as exc:  # a broken group may fail to tear down; it is abandoned
             log.debug("destroying the process group failed: %s", exc)
-
-
-@dataclass(frozen=True)
-class DataPlane:
-    """How this worker's rounds carry CUDA tensors (chosen once, at init)."""
-
-    backend: str = "gloo"  # "nccl" or "gloo"
-    device: torch.device | None = None  # the GPU this worker is pinned to
-    agree: bool = False  # chosen by "auto": every round checks that all ranks chose NCCL
 
 
 class RoundSession:

@@ -73,6 +73,9 @@ class Placement:
         self.pending = []
 
 
+_WHERE_THEY_ARE = Placement("device")  # copies restored from a commit stay where they are
+
+
 def _reusable(previous: torch.Tensor, tensor: torch.Tensor, placement: Placement) -> bool:
     if previous.shape != tensor.shape or previous.dtype != tensor.dtype:
         return False
@@ -99,7 +102,7 @@ def snapshot(tree: Any, previous: Any = None, placement: Placement | None = None
     """A detached copy of a nested dict/list/tuple of tensors and values, reusing the
     tensors of `previous` where shape and dtype still match. Without a placement, tensors
     are copied where they are (for restoring from a commit)."""
-    where = placement if placement is not None else Placement("device")
+    where = placement if placement is not None else _WHERE_THEY_ARE
     if isinstance(tree, torch.Tensor):
         if isinstance(previous, torch.Tensor) and _reusable(previous, tree, where):
             where.refill([previous], [tree])

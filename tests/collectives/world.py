@@ -30,8 +30,8 @@ def _serve(rank: int, size: int, store_path: str, tasks: Any, results: Any,
 
     from elasticrun.protocol import SlotInfo
     from elasticrun.torch import runtime
-    from elasticrun.torch.devices import nccl_environment
-    from elasticrun.torch.session import DataPlane, RoundSession
+    from elasticrun.torch.devices import DataPlane, nccl_environment
+    from elasticrun.torch.session import RoundSession
 
     slot = SlotInfo("localhost", rank, size, rank, size, 0, 1)
     live = runtime.Runtime(collective_timeout=COLLECTIVE_TIMEOUT_S)

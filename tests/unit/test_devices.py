@@ -8,6 +8,7 @@ import pytest
 from elasticrun.errors import ConfigError
 from elasticrun.torch.devices import (
     NCCL_ENV,
+    DataPlane,
     Devices,
     choose_backend,
     configure,
@@ -105,7 +106,7 @@ def test_configure_on_this_machine() -> None:
     if detected.cuda:
         pytest.skip("this machine has a GPU: tests/gpu covers it")
     env = {"ELASTICRUN_BACKEND": "auto"}
-    assert configure(0, env) == ("gloo", None, [])
+    assert configure(0, env) == (DataPlane("gloo", None, agree=True), [])
     assert env == {"ELASTICRUN_BACKEND": "auto"}
     with pytest.raises(ConfigError, match="--backend nccl: this worker cannot use NCCL"):
         configure(0, {"ELASTICRUN_BACKEND": "nccl"})
