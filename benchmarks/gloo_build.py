@@ -63,7 +63,7 @@ def requests_per_build(records: list[dict[str, Any]]) -> dict[str, int]:
 
 
 def bench(trials: int, quick: bool) -> dict[str, Any]:
-    sizes = [2] if quick else [2, 4, 8, 16]
+    sizes = [2] if quick else [2, 4, 8, 16, 32]
     results: dict[str, Any] = {"trials": trials, "sizes": {}}
     rows = []
     with tempfile.TemporaryDirectory(prefix="elasticrun-gloo-") as tmp:

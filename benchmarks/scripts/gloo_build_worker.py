@@ -8,7 +8,8 @@ a NEW Gloo group of all ranks through that store and running one small allreduce
 The group is built with `dist.ProcessGroupGloo(PrefixStore(...), rank, size, timeout)`:
 exactly the backend that `dist.init_process_group(backend="gloo", store=...)` builds on
 elasticrun's reset (it wraps the store in two more PrefixStores and constructs this class),
-so the store sees the same traffic; but the default group stays up to synchronise trials,
+so the store sees the same traffic (inside the driver store's `full_mesh`, as in a round's
+session); but the default group stays up to synchronise trials,
 which destroying and re-initialising the default group would not allow. Each build uses a
 fresh key prefix under the current round (the driver only lets a round's members use its
 keys). A group is dropped when the next is built, after the barrier: every rank is done
@@ -22,6 +23,7 @@ lines file). Each rank writes one line per build: time, store, trial, rank, seco
 from __future__ import annotations
 
 import collections
+import contextlib
 import datetime
 import json
 import os
@@ -82,9 +84,12 @@ def main() -> None:
                 dist.barrier()  # after it, the last group (dropped below) is unused
                 counts.clear()
                 start = time.perf_counter()
-                group: Any = dist.ProcessGroupGloo(  # torch's stubs lack its allreduce
-                    dist.PrefixStore(f"{prefix}{name}/{trial}/", stores[name]),
-                    rank, size, timeout)
+                # as a round's session does: the driver's store fetches every address at once
+                mesh = rt.store.full_mesh(size) if name == "driver" else contextlib.nullcontext()
+                with mesh:
+                    group: Any = dist.ProcessGroupGloo(  # torch's stubs lack its allreduce
+                        dist.PrefixStore(f"{prefix}{name}/{trial}/", stores[name]),
+                        rank, size, timeout)
                 group.allreduce([torch.ones(4)]).wait()
                 seconds = time.perf_counter() - start
                 record = {"time": time.time(), "store": name, "trial": trial, "rank": rank,

@@ -18,6 +18,7 @@ condition for a safe abort) and aborted, never merely destroyed, when a round en
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import gc
 import logging
@@ -35,6 +36,7 @@ from elasticrun.torch.boundary import collective
 from elasticrun.torch.devices import DataPlane
 from elasticrun.worker.elastic import WorkersFailedError
 from elasticrun.worker.sockets import new_tcp_sockets, open_socket_fds, sever
+from elasticrun.worker.store import DriverStore
 
 log = logging.getLogger("elasticrun.worker")
 
@@ -187,7 +189,8 @@ class RoundSession:
         before = open_socket_fds()
         try:
             with collective(f"building round {self.number}'s group"):
-                connect(self.slot, store, self.collective_timeout)
+                with self._full_mesh():
+                    connect(self.slot, store, self.collective_timeout)
                 self._build_device_group()
             self._built = True
         finally:  # on failure too: a half-built group's connections must be cut
@@ -196,6 +199,13 @@ class RoundSession:
                 if self._aborted:  # the round broke while the group was being built
                     sever(self._sockets)
                     self._sockets = {}
+
+    def _full_mesh(self) -> contextlib.AbstractContextManager[None]:
+        """The driver's store fetches every rank's Gloo address in one request (not NCCL's
+        keys: only the Gloo connect runs inside)."""
+        if isinstance(self.store, DriverStore):
+            return self.store.full_mesh(self.slot.size)
+        return contextlib.nullcontext()
 
     def _build_device_group(self) -> None:
         if self._agree:  # every rank votes, those without NCCL too

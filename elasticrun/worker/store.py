@@ -11,20 +11,31 @@ fetches the values it waited for (the server's `multi_get`, which long-polls too
 `get` of one of those keys that is the very next call on the same thread is answered from
 them: one request per peer instead of two. That `get` returns the value the `wait` saw;
 any other call on the thread forgets the fetched values, so a later `get` asks the driver.
+
+Inside `full_mesh(size)` (a Gloo group of `size` ranks connecting on this thread), a
+wait for a rank's address key (`<prefix>/<rank>`) also fetches every other rank's that
+exists by then (the server's partial `multi_get`), and later waits and gets are answered
+from them: a rank connects to its peers as they come, as with torch's TCPStore, in a
+request per wave of arrivals instead of one per peer.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime
+import re
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch.distributed as dist
 
 from elasticrun import protocol
 from elasticrun.worker.client import DriverClient, RequestRefusedError
+
+_RANK_KEY = re.compile(r"(.*/)(\d+)")
 
 
 def _encode(value: Any) -> str:
@@ -43,7 +54,39 @@ class DriverStore(dist.Store):
         self._client = client
         self._worker_id = worker_id  # the driver lets only a round's members use its keys
         self._timeout_s = timeout
-        self._local = threading.local()  # .fetched: what this thread's last `wait` saw
+        # .fetched: what this thread's last `wait` saw; .mesh_size and .mesh: the group of
+        # full_mesh() connecting on this thread, and every rank's address key it fetched
+        self._local = threading.local()
+
+    @contextlib.contextmanager
+    def full_mesh(self, size: int) -> Iterator[None]:
+        """While a Gloo group of `size` ranks connects on this thread through this store."""
+        self._local.mesh_size, self._local.mesh = size, {}
+        try:
+            yield
+        finally:
+            self._local.mesh_size, self._local.mesh = 0, None
+
+    def _from_mesh(self, keys: list[str], limit: float) -> dict[str, bytes] | None:
+        """Within full_mesh(): the values of `keys` when they are rank address keys, fetched
+        with every other rank's of the same prefix; None for any other keys."""
+        size: int = getattr(self._local, "mesh_size", 0)
+        mesh: dict[str, bytes] | None = getattr(self._local, "mesh", None)
+        matches = [_RANK_KEY.fullmatch(key) for key in keys]
+        if mesh is None or not all(m and int(m[2]) < size for m in matches):
+            return None
+        deadline = time.monotonic() + limit
+        for match in matches:
+            assert match is not None
+            key, prefix = match[0], match[1]
+            while key not in mesh:  # this key first, then every other rank's that exists
+                others = [f"{prefix}{rank}" for rank in range(size)]
+                wanted = [key, *(k for k in others if k not in mesh and k != key)]
+                values = self._fetch(wanted, max(0.0, deadline - time.monotonic()),
+                                     partial=True)
+                mesh.update((k, v) for k, v in zip(wanted, values, strict=True)
+                            if v is not None)
+        return {key: mesh[key] for key in keys}
 
     def _kv(self, op: str, wait: float = 0.0, **payload: Any) -> dict[str, Any]:
         self._local.fetched = None
@@ -55,14 +98,17 @@ class DriverStore(dist.Store):
                 raise dist.DistStoreError(str(exc)) from None
             raise
 
-    def _fetch(self, keys: list[str], limit: float) -> list[bytes]:
-        """The values of `keys`, once all exist (long-polling); DistStoreError after `limit`."""
+    def _fetch(self, keys: list[str], limit: float, partial: bool = False) -> list[Any]:
+        """The values of `keys`, once all exist (long-polling); DistStoreError after `limit`.
+        `partial`: once the first exists, with None for each other one that does not."""
         deadline = time.monotonic() + limit
+        extra = {"partial": True} if partial else {}
         while True:
             wait = min(protocol.MAX_POLL_S, max(0.0, deadline - time.monotonic()))
-            values = self._kv("multi_get", wait=wait, keys=keys, timeout=wait)["values"]
+            values = self._kv("multi_get", wait=wait, keys=keys, timeout=wait,
+                              **extra)["values"]
             if values is not None:
-                return [_decode(v) for v in values]
+                return [None if v is None else _decode(v) for v in values]
             if time.monotonic() >= deadline:
                 raise dist.DistStoreError(f"timed out after {limit:g}s waiting for keys {keys}")
 
@@ -74,8 +120,14 @@ class DriverStore(dist.Store):
 
     def set(self, key: str, value: Any) -> None:
         self._kv("set", key=key, value=_encode(value))
+        mesh: dict[str, bytes] | None = getattr(self._local, "mesh", None)
+        if mesh is not None and _RANK_KEY.fullmatch(key):
+            mesh[key] = value.encode() if isinstance(value, str) else bytes(value)  # its own
 
     def get(self, key: str) -> bytes:
+        meshed = self._from_mesh([key], self._timeout_s)
+        if meshed is not None:
+            return meshed[key]
         fetched: dict[str, bytes] | None = getattr(self._local, "fetched", None)
         if fetched is not None and key in fetched:
             self._local.fetched = None
@@ -103,6 +155,9 @@ class DriverStore(dist.Store):
     def wait(self, keys: list[str], timeout: datetime.timedelta | None = None) -> None:
         keys = list(keys)
         limit = timeout.total_seconds() if timeout is not None else self._timeout_s
+        meshed = self._from_mesh(keys, limit)
+        if meshed is not None:
+            return
         values = self._fetch(keys, limit)
         self._local.fetched = dict(zip(keys, values, strict=True))
 

@@ -142,3 +142,56 @@ async def test_gloo_group_built_through_the_store_makes_one_request_per_peer(
     assert results == [float(size)] * size
     for _, client in stores:
         assert client.requests == {"set": 1, "multi_get": size}
+
+
+async def test_full_mesh_fetches_every_rank_address_that_exists_in_one_request(
+        rendezvous: RoundsServer) -> None:
+    """Inside full_mesh(size), a rank's wait for one address also fetches the others that
+    exist: ranks that come together cost one fetch; latecomers one more wave."""
+    size = 4
+    stores = [new_store(rendezvous) for _ in range(size)]
+
+    def build(rank: int) -> float:
+        if rank >= 2:
+            time.sleep(0.5)  # the second wave
+        store, _ = stores[rank]
+        with store.full_mesh(size):
+            group: Any = dist.ProcessGroupGloo(dist.PrefixStore("mesh/", store), rank, size,
+                                               datetime.timedelta(seconds=20))
+        tensor = torch.ones(1)
+        group.allreduce([tensor]).wait()
+        return float(tensor.item())
+
+    results = await asyncio.gather(*(blocking(build, rank) for rank in range(size)))
+    assert results == [float(size)] * size
+    requests = [client.requests for _, client in stores]
+    assert all(r["set"] == 1 and r["multi_get"] <= 2 for r in requests), requests
+    assert all(r["multi_get"] == 1 for r in requests[2:]), requests  # all there by then
+
+
+async def test_full_mesh_leaves_other_keys_to_the_usual_path(rendezvous: RoundsServer) -> None:
+    store, client = new_store(rendezvous)
+    rendezvous.store.set("p/7", b"seven")  # not a rank of a 2-rank mesh
+    rendezvous.store.set("p/x", b"x")
+
+    def inside() -> tuple[bytes, bytes]:
+        with store.full_mesh(2):
+            store.wait(["p/7"])
+            seven = store.get("p/7")
+            return seven, store.get("p/x")
+
+    assert await blocking(inside) == (b"seven", b"x")
+    assert client.requests == {"multi_get": 2}  # a wait + get pair, then a get
+
+
+async def test_full_mesh_wait_times_out(rendezvous: RoundsServer) -> None:
+    store, _ = new_store(rendezvous, timeout=0.3)
+
+    def wait_for_an_absent_rank() -> None:
+        with store.full_mesh(3):
+            store.wait(["g/1"], datetime.timedelta(seconds=0.3))
+
+    started = time.monotonic()
+    with pytest.raises(dist.DistStoreError, match="timed out"):
+        await blocking(wait_for_an_absent_rank)
+    assert time.monotonic() - started < 3

@@ -69,11 +69,16 @@ class KVEndpoints:
             result = {"value": None if value is None else p.b64(value)}
         elif op in ("multi_get", "wait"):
             keys = p.keys(body)
-            found = await store.wait(keys, p.poll_timeout(body))
+            # partial: wait for the first key only, then answer every key that exists
+            partial = op == "multi_get" and p.flag(body, "partial")
+            found = await store.wait(keys[:1] if partial else keys, p.poll_timeout(body))
             if not found and self._broke(keys):
                 return p.error(410, "the round these keys belong to broke")
             if op == "wait":
                 result = {"ready": found}
+            elif partial:
+                result = {"values": [None if (v := store.get(k)) is None else p.b64(v)
+                                     for k in keys] if found else None}
             else:
                 result = {"values": [p.b64(store.get(k) or b"") for k in keys] if found else None}
         elif op == "add":
