@@ -52,7 +52,7 @@ def test_dynamic_hosts_wait_for_np_then_start_with_min_np_at_the_start_deadline(
 
 
 # --- a worker fails -------------------------------------------------------------------------
-def test_failure_while_running_blacklists_breaks_and_cuts_after_collecting_failures() -> None:
+def test_failure_while_running_blacklists_breaks_and_cuts_at_once() -> None:
     sim = Sim()
     sim.running(TWO_HOSTS)
     victim = sim.worker_on("b", 1)
@@ -62,11 +62,14 @@ def test_failure_while_running_blacklists_breaks_and_cuts_after_collecting_failu
     assert of(ev.StopWorkers, actions) == [ev.StopWorkers((sim.worker_on("b", 0).id,))]
     assert reports(actions) == ["host_blacklisted", "round_broken"]
     assert sim.state.phase is JobPhase.RECOVERING
-    # Its host's other worker exits within the collection window: still one round.
-    sim.advance(FAILURE_COLLECTION_S / 2)
-    sim.send(ev.WorkerExited(sim.worker_on("b", 0).id, -15))
+    assert FAILURE_COLLECTION_S == 0.0  # no waiting for more failures
     opened = of(ev.OpenRound, sim.advance(FAILURE_COLLECTION_S))
     assert [(o.number, len(o.assignment), o.new_workers) for o in opened] == [(2, 2, 0)]
+    # Its host's other worker exits after the cut: it was stopped with its host, so the
+    # new round stands.
+    actions = sim.send(ev.WorkerExited(sim.worker_on("b", 0).id, -15))
+    assert of(ev.BreakRound, actions) == [] and of(ev.OpenRound, actions) == []
+    assert sim.state.round_number == 2
 
 
 def test_failure_during_rendezvous_breaks_the_forming_round() -> None:
