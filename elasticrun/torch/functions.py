@@ -38,6 +38,17 @@ def broadcast_object(obj: Any = None, root_rank: int = 0, name: str | None = Non
     return holder[0]
 
 
+def agreed(value: int) -> bool:
+    """Whether every rank passed the same `value` (one small allreduce)."""
+    if _size() == 1:
+        return True
+    join.announced(join.OBJECT)
+    both = torch.tensor([value, -value], dtype=torch.int64)
+    with collective("comparing the ranks' commits"):
+        dist.all_reduce(both, op=dist.ReduceOp.MAX)
+    return int(both[0]) == -int(both[1])
+
+
 def allgather_object(obj: Any, name: str | None = None) -> list[Any]:
     """Returns every rank's `obj`, indexed by rank."""
     if _size() == 1:

@@ -45,6 +45,9 @@ class TorchState(State):
         for name, value in objects.items():
             setattr(self, name, value)
         self._saved: dict[str, Any] = {}
+        # Which commit `_saved` holds, counted since the ranks' states were last made equal
+        # (None: never). Ranks with the same count hold the same model and optimizer.
+        self._generation: int | None = None
         self.save()
 
     def _object_states(self) -> dict[str, Any]:
@@ -75,6 +78,8 @@ class TorchState(State):
                                     self._placement)
         self._placement.copied()
         self._saved = saved
+        if self._generation is not None:
+            self._generation += 1
 
     def restore(self) -> None:
         # Loading must copy: an optimizer keeps the tensors it is given and updates them
@@ -87,14 +92,28 @@ class TorchState(State):
         self._load_objects(snapshot(self._saved["objects"]))
 
     def sync(self) -> None:
-        """Makes every rank's state rank 0's, then commits it."""
+        """Makes every rank's state rank 0's, then commits it. Model and optimizer are not
+        sent when every rank holds the same commit (after a reset that added no one): they
+        are equal already."""
+        generation = -1 if self._generation is None else self._generation
+        if self.model is not None or self.optimizer is not None:
+            # every rank takes part in the check, a rank that never synced too
+            if not functions.agreed(generation) or generation < 0:
+                self._broadcast_tensors()
+                generation = 0
+        self._generation = generation
+        self._sync_objects()
+        self.save()
+
+    def _broadcast_tensors(self) -> None:
         if self.model is not None:
             functions.broadcast_parameters(self.model.state_dict(), root_rank=0)
         if self.optimizer is not None:
             functions.broadcast_optimizer_state(self.optimizer, root_rank=0)
+
+    def _sync_objects(self) -> None:
         if self._object_names:
             self._load_objects(functions.broadcast_tree(self._object_states(), root_rank=0))
-        self.save()
 
     def __setattr__(self, name: str, value: Any) -> None:
         # New public attributes set after construction (state.batch = 0) are committed too.
