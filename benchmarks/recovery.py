@@ -16,18 +16,23 @@ steps of work lost; and where the time went.
 
 from __future__ import annotations
 
+import itertools
+import json
+import subprocess
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from benchlib import (
+    PYTHON,
     SCRIPTS,
     TORCHRUN_WORKAROUND,
     Jobs,
     bench_env,
     elasticrun_command,
     free_port,
+    median,
     print_table,
     read_events,
     summarize,
@@ -37,7 +42,6 @@ from benchlib import (
 COMMIT_EVERY = 10
 STALL_S = 60.0  # a job without a new event for this long is hung
 TOOLS = ("elasticrun", "torchrun", "torchrun (defaults)")
-ER_PHASES = ("detection_s", "decision_s", "rendezvous_s", "gloo_s", "sync_s", "first_step_s")
 TR_PHASES = ("restart_s", "import_s", "rendezvous_s", "checkpoint_s", "first_step_s")
 
 
@@ -95,8 +99,47 @@ def elasticrun_trial(params: float, steps: int, tmp: Path, args: Sequence[str] =
     failures = {e["pid"]: e["time"] for e in events if e["event"] == "failure" and e["time"] > t}
     teardown = [e["asked"] - failures[e["pid"]] for e in resets if e["pid"] in failures]
     return {**outcome, **breakdown, "teardown_s": max(teardown, default=0.0),
+            **_steady(events, synced), "anon_mb": kill.get("anon_mb", 0),
             "params": _first(events, "done", 0)["params"],
             "timeline": _timeline(events, t, marks={"reset": opened, "resume": resumed})}
+
+
+def _steady(events: list[dict[str, Any]], synced: float) -> dict[str, float]:
+    """After the recovery, at the new size: rank 0's median step interval (the first step
+    after the reset left out) and the median duration of one commit."""
+    after = [e for e in events if e["event"] == "step" and e["rank"] == 0 and e["time"] > synced]
+    intervals = [b["time"] - a["time"] for a, b in itertools.pairwise(after[1:])]
+    commits = [e["commit_s"] for e in events if e["event"] == "step" and e["commit_s"] > 0]
+    return {"steady_step_s": median(intervals) if intervals else 0.0,
+            "commit_s": median(commits) if commits else 0.0}
+
+
+def floors(anon_mb: float, trials: int) -> dict[str, float]:
+    """Raw torch.distributed floors (scripts/recovery_floors.py) for a killed process
+    holding `anon_mb` MiB."""
+    result = subprocess.run([PYTHON, str(SCRIPTS / "recovery_floors.py"), str(int(anon_mb)),
+                             str(trials)], capture_output=True, text=True, timeout=300,
+                            check=True, env=bench_env())
+    floor: dict[str, float] = json.loads(result.stdout.splitlines()[-1])
+    return floor
+
+
+# Each phase of elasticrun's resume against its floor: a raw Gloo peer-death probe; none
+# (the driver's own work); the step in flight when the kill came (survivors learn of the
+# failure when their step's reduction fails); a raw 2-rank Gloo build through a TCPStore;
+# one steady-state commit (a sync where every rank holds the commit is a check and one
+# commit); one steady-state step.
+FLOORS = {"detection_s": "death_s", "decision_s": None, "rendezvous_s": "steady_step_s",
+          "gloo_s": "build_s", "sync_s": "commit_s", "first_step_s": "steady_step_s"}
+
+
+def floor_rows(ours: dict[str, float], floor: dict[str, float]) -> list[list[Any]]:
+    rows: list[list[Any]] = []
+    for phase, name in FLOORS.items():
+        base = None if name is None else floor.get(name, ours.get(name))
+        rows.append([phase.removesuffix("_s"), ours[phase], "-" if base is None else base,
+                     "-" if not base else f"{ours[phase] / base:.1f}x"])
+    return rows
 
 
 def torchrun_trial(params: float, steps: int, tmp: Path,
@@ -138,6 +181,23 @@ def _timeline(events: list[dict[str, Any]], kill: float,
     return {"steps": steps, "marks": {k: v - kill for k, v in marks.items()}}
 
 
+def small_model(trials: int, quick: bool, params: float) -> dict[str, Any]:
+    """elasticrun alone on a smaller model, whose step is not most of the resume."""
+    steps = 2 * COMMIT_EVERY if quick else 4 * COMMIT_EVERY
+    runs = []
+    for _ in range(trials):
+        with tempfile.TemporaryDirectory() as tmp:
+            runs.append(elasticrun_trial(params, steps, Path(tmp)))
+    ours = summarize(runs)
+    floor = floors(ours["anon_mb"], 1 if quick else 3)
+    print_table(f"recovery, elasticrun alone, ~{ours['params'] / 1e6:.1f}M parameters: resume "
+                f"{ours['resume_s']:.3f} s (median of {trials}); phases against their floors",
+                ["phase", "s", "floor s", "ratio"], floor_rows(ours, {**ours, **floor}))
+    for run in runs:
+        run.pop("timeline")
+    return {"median": ours, "floors": floor, "trials": runs}
+
+
 def bench(trials: int, quick: bool) -> dict[str, Any]:
     params, steps = (1e5, 2 * COMMIT_EVERY) if quick else (1e7, 4 * COMMIT_EVERY)
     # Quick mode leaves out torchrun as shipped: it hangs, so it costs a minute each time.
@@ -170,14 +230,18 @@ def bench(trials: int, quick: bool) -> dict[str, Any]:
         f"recovery: 4 workers, ~{ours['params'] / 1e6:.1f}M parameters, one SIGKILLed; "
         f"commit/checkpoint every {COMMIT_EVERY} steps; median of {trials}",
         ["", "resume s", "vs elasticrun", "caught up s", "steps lost", ""], rows)
-    print_table("  elasticrun's resume, broken down (s)", ER_PHASES,
-                [[ours[k] for k in ER_PHASES]])
+    floor = floors(ours["anon_mb"], 1 if quick else 3)
+    print_table("  elasticrun's resume, broken down, against each phase's floor measured now "
+                f"(killed process: {ours['anon_mb']:.0f} MiB anonymous memory)",
+                ["phase", "s", "floor s", "ratio"], floor_rows(ours, {**ours, **floor}))
     for name in tools[1:]:
         if name in medians:
             print_table(f"  {name}'s resume, broken down (s)", TR_PHASES,
                         [[medians[name][k] for k in TR_PHASES]])
     plot = _plot(runs, quick)
-    return {"median": medians, "trials": runs, "plot": str(plot) if plot else None}
+    small = small_model(trials, quick, 1e4 if quick else 1e6)
+    return {"median": medians, "floors": floor, "trials": runs, "small_model": small,
+            "plot": str(plot) if plot else None}
 
 
 def _plot(runs: dict[str, list[dict[str, Any]]], quick: bool) -> Path | None:

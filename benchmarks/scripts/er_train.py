@@ -3,7 +3,8 @@
 Env (besides model.py's): BENCH_COMMIT_EVERY (0: never). The kill happens only in the
 job's first round.
 Events: "started" (first line, before torch is imported), "imported" (model and optimizer
-built too), "joined" (first round's group built; with the join's timings), "kill", "failure"
+built too), "joined" (first round's group built; with the join's timings), "kill" (with the
+process's resident anonymous memory), "failure"
 (a collective raised), "reset" (new round's group built; with the join's timings),
 "synced" (state synced, step restored), "step" (with the commit's duration),
 "done" (parameter count).
@@ -38,6 +39,13 @@ from elasticrun.torch import runtime  # noqa: E402
 COMMIT_EVERY = int(os.environ.get("BENCH_COMMIT_EVERY", "1"))
 
 
+def anonymous_mb() -> int:
+    """This process's resident anonymous memory, MiB (what the kernel frees at a kill)."""
+    with open("/proc/self/status") as status:
+        line = next((line for line in status if line.startswith("RssAnon:")), "RssAnon: 0 kB")
+    return int(line.split()[1]) // 1024
+
+
 def emit_join(event: str, **fields: object) -> None:
     timing = runtime.current().last_join
     emit(event, rank=er.rank(), size=er.size(), round=runtime.current().round,
@@ -67,7 +75,7 @@ def main() -> None:
         while state.step < STEPS and not (TARGET_SIZE and at_target >= STEPS_AT_TARGET):
             if state.step == KILL_STEP and er.rank() == KILL_RANK \
                     and runtime.current().round == 1:
-                emit("kill", rank=er.rank(), step=state.step)
+                emit("kill", rank=er.rank(), step=state.step, anon_mb=anonymous_mb())
                 os.kill(os.getpid(), signal.SIGKILL)
             commit_s = 0.0
             try:
