@@ -33,6 +33,9 @@ def test_recovery() -> None:
     torchrun = result["trials"]["torchrun"][0]
     assert "error" in torchrun or torchrun["resume_s"] > 0  # a failed peer is a result too
     assert (RESULTS / "recovery-timeline-quick.png").read_bytes()[:4] == b"\x89PNG"
+    floors = result["floors"]  # measured in the same run, printed against each phase
+    assert 0 < floors["death_s"] < 10 and 0 < floors["build_s"] < 10
+    assert "floor s" in out and ours["steady_step_s"] > 0 and ours["anon_mb"] > 0
 
 
 def test_scaleup() -> None:
@@ -85,6 +88,9 @@ def test_gloo() -> None:
     out, result = run_quick("gloo")
     sizes = result["sizes"]
     assert sizes["2"]["driver_s"] > 0 and sizes["2"]["tcp_s"] > 0
+    # a rank's own set, and its peers' addresses in a request per wave of arrivals
+    requests = sizes["2"]["driver_requests"]
+    assert requests["set"] == 1 and 1 <= requests["multi_get"] <= 2, requests
 
 
 def test_gpu() -> None:
