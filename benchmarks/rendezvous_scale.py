@@ -25,8 +25,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gc
 import json
 import resource
+import socket
+import struct
 import subprocess
 import time
 from typing import Any
@@ -36,10 +39,12 @@ from benchlib import PYTHON, SCRIPTS, bench_env, print_table, summarize
 from elasticrun import protocol
 
 SERVER = SCRIPTS / "rendezvous_server.py"
-SIZES = [64, 256, 1024, 4096]
+SIZES = [64, 256, 1024, 4096, 16384]
 QUICK_SIZES = [64]
 STORE_KEY = protocol.round_prefix(1) + "bench/"
 PHASE_TIMEOUT_S = 120.0  # a hung phase fails the run
+SLOTS_PER_HOST = 8
+IP_BIND_ADDRESS_NO_PORT = 24  # Linux: bind() leaves the port to connect() (socket.h)
 
 
 def raise_fd_limit() -> None:
@@ -48,51 +53,111 @@ def raise_fd_limit() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-class Connection:
-    """One keep-alive HTTP/1.1 connection to the server, opened on first use (and again
-    after the server answers "Connection: close")."""
+def pace_collector() -> None:
+    """The clients hold 16,384 connections in one process (a real worker holds one): the
+    collector's pace of the driver (elasticrun/driver/server/gc_policy.py), so that the
+    clients' full collections do not stand for the server's cost."""
+    gc.set_threshold(50_000, *gc.get_threshold()[1:])
+    gc.freeze()
 
-    def __init__(self, port: int) -> None:
-        self._port = port
-        self._host = f"Host: 127.0.0.1:{port}\r\n"
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
+
+class Connection(asyncio.Protocol):
+    """One keep-alive HTTP/1.1 connection to the server, opened on first use (and again
+    after the server answers "Connection: close"). A bare protocol, not asyncio streams:
+    16,384 simulated workers share this machine's cores with the server, and the streams'
+    reader, writer and drain per request cost more CPU than the server's answer."""
+
+    def __init__(self, port: int, source: str) -> None:
+        self._port, self._source = port, source
+        self._host = f"Host: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+        self._transport: asyncio.Transport | None = None
+        self._buffer = bytearray()
+        self._reply: asyncio.Future[tuple[int, bytes]] | None = None
 
     async def post(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
-        if self._writer is None:
-            self._reader, self._writer = await asyncio.open_connection("127.0.0.1", self._port)
-        reader, writer = self._reader, self._writer
-        assert reader is not None
+        loop = asyncio.get_running_loop()
+        if self._transport is None:
+            await self._connect(loop)
+        assert self._transport is not None
         extra = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
-        writer.write(f"POST {path} HTTP/1.1\r\n{self._host}Content-Type: application/json\r\n"
-                     f"Content-Length: {len(body)}\r\n{extra}\r\n".encode() + body)
-        await writer.drain()
-        status_line, *lines = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split(
-            "\r\n")
+        self._reply = reply = loop.create_future()
+        self._transport.write(f"POST {path} HTTP/1.1\r\n{self._host}"
+                              f"Content-Length: {len(body)}\r\n{extra}\r\n".encode() + body)
+        return await reply
+
+    async def _connect(self, loop: asyncio.AbstractEventLoop) -> None:
+        """From this worker's host's own address, as on a cluster: from one address, each
+        connect's search for a free port passes every port taken, O(N^2) in all."""
+        sock = socket.socket()
+        try:
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, 1)
+            sock.bind((self._source, 0))
+            await loop.sock_connect(sock, ("127.0.0.1", self._port))
+            await loop.create_connection(lambda: self, sock=sock)
+        except BaseException:
+            sock.close()
+            raise
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        self._buffer.clear()
+
+    def data_received(self, data: bytes) -> None:
+        self._buffer += data
+        self._parse(at_eof=False)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._transport = None
+        if self._reply is not None and not self._reply.done():
+            self._parse(at_eof=True)
+        if self._reply is not None and not self._reply.done():
+            self._reply.set_exception(ConnectionError(f"the server closed the connection: {exc}"))
+
+    def _parse(self, at_eof: bool) -> None:
+        """Settles the pending reply once all of it has arrived."""
+        buffer = self._buffer
+        end = buffer.find(b"\r\n\r\n")
+        if end < 0 or self._reply is None:
+            return
+        status_line, *lines = buffer[:end].decode("latin-1").split("\r\n")
         version, status, *_ = status_line.split(" ", 2)
         if not version.startswith("HTTP/1."):
-            raise RuntimeError(f"not an HTTP/1.x reply: {status_line!r}")
+            self._reply.set_exception(RuntimeError(f"not an HTTP/1.x reply: {status_line!r}"))
+            return
         fields = {}
         for line in lines:
-            if line:
-                name, _, value = line.partition(":")
-                fields[name.strip().lower()] = value.strip()
+            name, _, value = line.partition(":")
+            fields[name.strip().lower()] = value.strip()
         close = fields.get("connection", "").lower() == "close"
         if "content-length" in fields:
-            data = await reader.readexactly(int(fields["content-length"]))
+            stop = end + 4 + int(fields["content-length"])
+            if len(buffer) < stop:
+                return
         elif close and "transfer-encoding" not in fields:
-            data = await reader.read()  # the body runs to the end of the connection
+            if not at_eof:
+                return  # the body runs to the end of the connection
+            stop = len(buffer)
         else:
-            raise RuntimeError(f"reply without Content-Length: {fields}")
-        if close:
-            writer.close()
-            self._reader = self._writer = None
-        return int(status), data
+            self._reply.set_exception(RuntimeError(f"reply without Content-Length: {fields}"))
+            return
+        data = bytes(buffer[end + 4:stop])
+        del buffer[:stop]
+        self._reply.set_result((int(status), data))
+        if close and self._transport is not None:
+            self._transport.close()
+            self._transport = None
 
     def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._reader = self._writer = None
+        """Resets the connection: closed normally, each of 16,384 would hold its port in
+        TIME_WAIT for a minute, and the next trial's connects would run out of ports."""
+        if self._transport is not None:
+            sock = self._transport.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self._transport.close()
+            self._transport = None
 
 
 class Worker:
@@ -101,7 +166,7 @@ class Worker:
     def __init__(self, index: int, workers: int, port: int, secret: str) -> None:
         self.index, self.workers = index, workers
         self.worker_id = f"w{index}"
-        self.connection, self._secret = Connection(port), secret
+        self.connection, self._secret = Connection(port, host_address(index)), secret
         self.requests = 0
 
     async def post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
@@ -131,6 +196,13 @@ class Worker:
             "worker": self.worker_id, "key": STORE_KEY + peer, "timeout": 30.0})
         if reply["value"] != _b64(peer):
             raise RuntimeError(f"{self.worker_id} got {reply['value']!r} for {peer}'s key")
+
+
+def host_address(index: int) -> str:
+    """The loopback address of worker wI's simulated host (8 slots a host, as the server's):
+    127.1.0.1, 127.1.0.2, ..."""
+    host = index // SLOTS_PER_HOST
+    return f"127.1.{host // 250}.{host % 250 + 1}"
 
 
 def _b64(text: str) -> str:
@@ -204,6 +276,7 @@ def trial(workers: int) -> dict[str, float]:
 
 def bench(trials: int, quick: bool) -> dict[str, Any]:
     raise_fd_limit()
+    pace_collector()
     table: dict[str, Any] = {}
     rows = []
     for workers in QUICK_SIZES if quick else SIZES:

@@ -6,6 +6,7 @@ Shared by both sides, so it imports neither torch nor aiohttp.
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import hmac
 import math
@@ -120,12 +121,18 @@ def new_nonce() -> str:
     return secrets.token_hex(12)
 
 
+@functools.lru_cache(maxsize=8)
+def _keyed_mac(secret: str) -> hmac.HMAC:
+    """The HMAC keyed with `secret`, before any message: copying it skips the key schedule
+    that every request would otherwise repeat (about half of a small request's signing)."""
+    return hmac.new(secret.encode(), digestmod=hashlib.sha256)
+
+
 def signature(secret: str, method: str, path: str, timestamp: str, nonce: str, body: bytes) -> str:
-    """HMAC-SHA256 over method, path (with query), timestamp, nonce and body."""
-    mac = hmac.new(secret.encode(), digestmod=hashlib.sha256)
-    for part in (method.upper(), path, timestamp, nonce):
-        mac.update(part.encode())
-        mac.update(b"\n")
+    """HMAC-SHA256 over method, path (with query), timestamp, nonce and body, each of the
+    first four followed by a newline."""
+    mac = _keyed_mac(secret).copy()
+    mac.update(f"{method.upper()}\n{path}\n{timestamp}\n{nonce}\n".encode())
     mac.update(body)
     return mac.hexdigest()
 

@@ -15,6 +15,7 @@ from elasticrun import protocol
 from elasticrun.driver.operate.timeline import JobTimeline
 from elasticrun.driver.rounds import events as ev
 from elasticrun.driver.rounds.state import JobState
+from elasticrun.driver.server.gc_policy import pace_for_serving
 from elasticrun.driver.server.kv import KVEndpoints
 from elasticrun.driver.server.results_api import ResultEndpoints
 from elasticrun.driver.server.rounds_api import RoundEndpoints
@@ -63,6 +64,7 @@ class WorkerServer:
         """Serves the worker endpoints, and `extra_routes` (which do their own auth), on
         one port of each address in `host`."""
         hosts = [host] if isinstance(host, str) else list(host)
+        pace_for_serving()
         app = web.Application(client_max_size=protocol.MAX_BODY_BYTES,
                               middlewares=[self._signing.middleware])
         app.router.add_post(protocol.PATH_JOIN, self.rounds.join)

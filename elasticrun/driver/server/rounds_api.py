@@ -31,6 +31,10 @@ class RoundEndpoints:
         self._state = state
         self._post = post
         self._joins: dict[str, asyncio.Future[protocol.JoinReply]] = {}
+        # Held joins in arrival order, with their deadlines: one timer for the oldest instead
+        # of one per join (every join of a round is held until its last member joins).
+        self._expiries: deque[tuple[float, asyncio.Future[protocol.JoinReply]]] = deque()
+        self._expiry_timer: asyncio.TimerHandle | None = None
         self._changes: set[asyncio.Future[bool]] = set()  # notice long-polls, until a change
         self._notices: deque[protocol.Notice] = deque(maxlen=NOTICES_KEPT)
         self.closing = False
@@ -60,6 +64,10 @@ class RoundEndpoints:
         self.wake()
         for waiter in list(self._joins.values()):
             _settle(waiter, RETRY)
+        self._expiries.clear()
+        if self._expiry_timer is not None:
+            self._expiry_timer.cancel()
+            self._expiry_timer = None
 
     # --- endpoints ------------------------------------------------------------------------
     async def join(self, request: web.Request) -> web.Response:
@@ -75,17 +83,36 @@ class RoundEndpoints:
         if superseded is not None:  # the worker asked again (a dropped connection): the
             _settle(superseded, RETRY)  # machine's answer goes to the newest request
         self._joins[event.worker] = waiter
-        timer = loop.call_later(protocol.MAX_POLL_S, _settle, waiter, RETRY)
+        self._hold(loop, waiter)
         try:
             if self.closing:
                 _settle(waiter, RETRY)
             self._post(event)
             reply = await waiter
         finally:
-            timer.cancel()
             if self._joins.get(event.worker) is waiter:
                 del self._joins[event.worker]
         return web.json_response(reply.to_json())
+
+    def _hold(self, loop: asyncio.AbstractEventLoop,
+              waiter: asyncio.Future[protocol.JoinReply]) -> None:
+        """`waiter` answers "retry" when held MAX_POLL_S."""
+        expiries = self._expiries
+        while expiries and expiries[0][1].done():  # answered: forget them
+            expiries.popleft()
+        deadline = loop.time() + protocol.MAX_POLL_S
+        expiries.append((deadline, waiter))
+        if self._expiry_timer is None:
+            self._expiry_timer = loop.call_at(deadline, self._expire, loop)
+
+    def _expire(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Answers the joins held past their deadline, and waits for the next one's.
+        The deadlines are in arrival order: each is MAX_POLL_S after its join arrived."""
+        expiries, now = self._expiries, loop.time()
+        while expiries and (expiries[0][0] <= now or expiries[0][1].done()):
+            _settle(expiries.popleft()[1], RETRY)
+        self._expiry_timer = loop.call_at(expiries[0][0], self._expire, loop) \
+            if expiries else None
 
     async def synced(self, request: web.Request) -> web.Response:
         body = request[PAYLOAD]
