@@ -16,7 +16,8 @@ Inside `full_mesh(size)` (a Gloo group of `size` ranks connecting on this thread
 wait for a rank's address key (`<prefix>/<rank>`) also fetches every other rank's that
 exists by then (the server's partial `multi_get`), and later waits and gets are answered
 from them: a rank connects to its peers as they come, as with torch's TCPStore, in a
-request per wave of arrivals instead of one per peer.
+request per wave of arrivals instead of one per peer. Its own address rides along with its
+first fetch: no request of its own.
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ class DriverStore(dist.Store):
         self._worker_id = worker_id  # the driver lets only a round's members use its keys
         self._timeout_s = timeout
         # .fetched: what this thread's last `wait` saw; .mesh_size and .mesh: the group of
-        # full_mesh() connecting on this thread, and every rank's address key it fetched
+        # full_mesh() connecting on this thread, and every rank's address key it fetched;
+        # .unsent: this rank's own address, set with the next fetch
         self._local = threading.local()
 
     @contextlib.contextmanager
@@ -64,8 +66,18 @@ class DriverStore(dist.Store):
         self._local.mesh_size, self._local.mesh = size, {}
         try:
             yield
+        except BaseException:
+            self._local.unsent = None  # the build failed: nobody needs this address
+            raise
         finally:
             self._local.mesh_size, self._local.mesh = 0, None
+        self._send_unsent()  # a group of one never fetched
+
+    def _send_unsent(self) -> None:
+        unsent: dict[str, str] | None = getattr(self._local, "unsent", None)
+        if unsent is not None:
+            self._local.unsent = None
+            self._kv("set", key=unsent["set_key"], value=unsent["set_value"])
 
     def _from_mesh(self, keys: list[str], limit: float) -> dict[str, bytes] | None:
         """Within full_mesh(): the values of `keys` when they are rank address keys, fetched
@@ -90,6 +102,11 @@ class DriverStore(dist.Store):
 
     def _kv(self, op: str, wait: float = 0.0, **payload: Any) -> dict[str, Any]:
         self._local.fetched = None
+        if op == "multi_get" and payload.get("partial"):  # a mesh fetch carries the address
+            payload.update(getattr(self._local, "unsent", None) or {})
+            self._local.unsent = None
+        else:
+            self._send_unsent()
         payload["worker"] = self._worker_id
         try:
             return self._client.call(protocol.PATH_KV_PREFIX + op, payload, wait=wait)
@@ -119,10 +136,15 @@ class DriverStore(dist.Store):
         return True  # multi_get, multi_set and append work (append through compare_set)
 
     def set(self, key: str, value: Any) -> None:
-        self._kv("set", key=key, value=_encode(value))
         mesh: dict[str, bytes] | None = getattr(self._local, "mesh", None)
         if mesh is not None and _RANK_KEY.fullmatch(key):
-            mesh[key] = value.encode() if isinstance(value, str) else bytes(value)  # its own
+            # its own address: sent with its first fetch of the others' (any other request
+            # or leaving full_mesh() sends it first)
+            self._send_unsent()
+            mesh[key] = value.encode() if isinstance(value, str) else bytes(value)
+            self._local.unsent = {"set_key": key, "set_value": _encode(value)}
+            return
+        self._kv("set", key=key, value=_encode(value))
 
     def get(self, key: str) -> bytes:
         meshed = self._from_mesh([key], self._timeout_s)

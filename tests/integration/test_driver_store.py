@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from elasticrun import protocol
 from elasticrun.driver.rounds.assignment import SlotId
-from elasticrun.worker.client import DriverClient
+from elasticrun.worker.client import DriverClient, RequestRefusedError
 from elasticrun.worker.store import DriverStore
 from tests.rounds_server import RoundsServer
 
@@ -165,7 +165,8 @@ async def test_gloo_group_built_in_full_mesh_asks_at_most_once_per_peer(
     results = await asyncio.gather(*(blocking(build, rank) for rank in range(size)))
     assert results == [float(size)] * size
     requests = [client.requests for _, client in stores]
-    assert all(r["set"] == 1 and r["multi_get"] <= size - 1 for r in requests), requests
+    # the own address rides along with the first fetch
+    assert all(r["set"] == 0 and 1 <= r["multi_get"] <= size - 1 for r in requests), requests
 
 
 async def test_full_mesh_fetches_every_address_that_exists_with_the_one_waited_for(
@@ -187,6 +188,30 @@ async def test_full_mesh_fetches_every_address_that_exists_with_the_one_waited_f
     rendezvous.store.set("g/3", b"address 3")
     assert await asyncio.wait_for(pending, 5) == [f"address {r}".encode() for r in range(4)]
     assert client.requests == {"multi_get": 2}
+
+
+async def test_an_address_not_carried_by_a_fetch_is_sent_before_anything_else(
+        rendezvous: RoundsServer) -> None:
+    """A group of one never fetches: leaving full_mesh() sends its address. Any other
+    request sends it first."""
+    store, client = new_store(rendezvous)
+
+    def alone() -> None:
+        with store.full_mesh(1):
+            store.set("solo/0", b"me")
+            assert store.get("solo/0") == b"me"  # its own: no request
+
+    await blocking(alone)
+    assert client.requests == {"set": 1} and rendezvous.store.get("solo/0") == b"me"
+
+    def then_other() -> int:
+        with store.full_mesh(2):
+            store.set("duo/1", b"one")
+            return store.add("counter", 1)
+
+    assert await blocking(then_other) == 1
+    assert rendezvous.store.get("duo/1") == b"one"
+    assert client.requests == {"set": 2, "add": 1}
 
 
 async def test_full_mesh_leaves_other_keys_to_the_usual_path(rendezvous: RoundsServer) -> None:
@@ -215,3 +240,17 @@ async def test_full_mesh_wait_times_out(rendezvous: RoundsServer) -> None:
     with pytest.raises(dist.DistStoreError, match="timed out"):
         await blocking(wait_for_an_absent_rank)
     assert time.monotonic() - started < 3
+
+
+async def test_a_carried_set_passes_the_same_gate_as_a_set(rendezvous: RoundsServer) -> None:
+    """A fetch may not smuggle a set of a round the asker is not a member of."""
+    store, _ = new_store(rendezvous)
+    foreign = protocol.round_prefix(5) + "0"
+
+    def smuggle() -> None:
+        store._kv("multi_get", keys=["x"], partial=True, timeout=0,
+                  set_key=foreign, set_value="AA==")
+
+    with pytest.raises(RequestRefusedError, match="403"):
+        await blocking(smuggle)
+    assert rendezvous.store.get(foreign) is None

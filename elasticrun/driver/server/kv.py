@@ -69,6 +69,8 @@ class KVEndpoints:
             result = {"value": None if value is None else p.b64(value)}
         elif op in ("multi_get", "wait"):
             keys = p.keys(body)
+            if op == "multi_get" and "set_key" in body:  # the asker's own key, set first
+                store.set(p.key(body, "set_key"), p.blob(body, "set_value"))
             # partial: wait for the first key only, then answer every key that exists
             partial = op == "multi_get" and p.flag(body, "partial")
             found = await store.wait(keys[:1] if partial else keys, p.poll_timeout(body))

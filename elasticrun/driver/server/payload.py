@@ -50,10 +50,10 @@ def poll_timeout(payload: dict[str, Any]) -> float:
     return min(protocol.MAX_POLL_S, max(0.0, number(payload, "timeout", 0.0)))
 
 
-def key(payload: dict[str, Any]) -> str:
-    value = field(payload, "key", str)
+def key(payload: dict[str, Any], name: str = "key") -> str:
+    value = field(payload, name, str)
     if len(value) > 1024:
-        raise BadRequest("key longer than 1024 characters")
+        raise BadRequest(f"{name} longer than 1024 characters")
     return value
 
 
@@ -66,6 +66,8 @@ def keys(payload: dict[str, Any]) -> list[str]:
 
 def touched_keys(op: str, payload: dict[str, Any]) -> list[str]:
     """The store keys a KV operation reads or writes."""
+    if op == "multi_get" and "set_key" in payload:  # a set carried by a fetch
+        return [*keys(payload), key(payload, "set_key")]
     if op in ("wait", "multi_get", "check"):
         return keys(payload)
     if op in ("set", "get", "add", "compare_set", "delete"):
