@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from elasticrun.protocol import Notice
-from elasticrun.torch import functions, join, ops, runtime
+from elasticrun.torch import functions, host_vote, join, ops, runtime
 from elasticrun.torch.boundary import collective
 from elasticrun.torch.sampler import ElasticSampler
 from elasticrun.torch.state import TorchState
@@ -36,7 +36,11 @@ class TorchBackend:
     def broadcast_object(self, obj: Any, root_rank: int = 0) -> Any:
         return functions.broadcast_object(obj, root_rank)
 
+    def carried_agreement(self) -> Callable[[], bool] | None:
+        return host_vote.take()
+
     def start_agreement(self, flag: bool) -> Callable[[], bool]:
+        host_vote.discard()  # whatever a step carried is older than this vote
         if ops.size() == 1:
             return lambda: flag
         vote = torch.tensor([1 if flag else 0], dtype=torch.int32)

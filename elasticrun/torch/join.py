@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from elasticrun.torch import plane, runtime
+from elasticrun.torch import host_vote, plane, runtime
 from elasticrun.torch.boundary import collective
 
 # The kinds of collective a header announces. A joined rank serves ALLREDUCE only.
@@ -136,6 +136,9 @@ def join(device: int = -1) -> int:
     reduce op's identity meanwhile. Returns the rank that joined last (the highest of those
     that joined at the same moment). `device` is accepted for Horovod's signature."""
     slot = runtime.current().slot
+    # The ranks' steps differ from here until all have joined: none may then use a vote
+    # that its last step carried (a joined rank serves the vote element with a zero).
+    host_vote.discard()
     if slot.size == 1:
         return 0
     first = True
@@ -148,6 +151,7 @@ def join(device: int = -1) -> int:
             dist.all_reduce(header, op=dist.ReduceOp.MAX)
         said = _read(header)
         if said.joined == slot.size:
+            host_vote.discard()
             return said.last_joiner
         if said.kind != ALLREDUCE:
             continue  # the ranks that issued it raise; nothing follows the header

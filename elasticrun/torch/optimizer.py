@@ -24,10 +24,11 @@ from typing import Any
 
 import torch
 
-from elasticrun.torch import handles, runtime
+from elasticrun.torch import handles, host_vote, runtime
 from elasticrun.torch.collectives import sparse_allreduce_async
 from elasticrun.torch.compression import Compression, Compressor
-from elasticrun.torch.ops import Adasum, Average, ReduceOp, resolve_op, start_grouped
+from elasticrun.torch.fusion import ALONE_BYTES
+from elasticrun.torch.ops import Adasum, Average, ReduceOp, Sum, resolve_op, size, start_grouped
 from elasticrun.torch.process_sets import ProcessSet, check, global_process_set
 from elasticrun.worker import timeline
 
@@ -42,6 +43,7 @@ class _Bucket:
     grads: list[torch.Tensor] = field(default_factory=list)  # what is being reduced
     contexts: list[Any] = field(default_factory=list)
     sparse: list[tuple[torch.Tensor, int]] = field(default_factory=list)
+    vote: torch.Tensor | None = None  # the host-change vote riding with the gradients
 
 
 def _layout(params: list[torch.Tensor], groups: int | Sequence[Sequence[torch.Tensor]] | None,
@@ -69,6 +71,15 @@ def _layout(params: list[torch.Tensor], groups: int | Sequence[Sequence[torch.Te
         layout[-1].append(p)
         used += nbytes
     return layout
+
+
+def _vote_bucket(layout: list[list[torch.Tensor]]) -> int:
+    """The bucket that carries the host-change vote: the last one to start that fuses some
+    of its tensors (so the vote costs no collective of its own), else the last one."""
+    for index in range(len(layout) - 1, -1, -1):
+        if any(p.numel() * p.element_size() < ALONE_BYTES for p in layout[index]):
+            return index
+    return len(layout) - 1
 
 
 class _DistributedMixin:
@@ -109,6 +120,10 @@ class _DistributedMixin:
         trainable = [p for p in params if p.requires_grad]
         self._er_buckets = [_Bucket(b) for b in _layout(trainable, groups, BUCKET_BYTES)]
         self._er_bucket_of = {id(p): i for i, b in enumerate(self._er_buckets) for p in b.params}
+        # A summed vote survives the scaling of Average and Sum; other ops (and a predivided
+        # average) leave the agreement to its own collective.
+        self._er_vote_bucket = _vote_bucket([b.params for b in self._er_buckets]) \
+            if op in (Average, Sum) and gradient_predivide_factor == 1.0 else -1
         self._er_delay = {id(p): backward_passes_per_step for p in trainable}
         self._er_next = 0  # the first bucket not started yet in this step
         self._er_round = -1
@@ -134,6 +149,7 @@ class _DistributedMixin:
         for bucket in self._er_buckets:
             bucket.ready, bucket.pending = 0, None
             bucket.grads, bucket.contexts, bucket.sparse = [], [], []
+            bucket.vote = None
         self._er_delay = dict.fromkeys(self._er_delay, self._er_passes)
         self._er_next = 0
         self._er_synchronized = False
@@ -173,8 +189,12 @@ class _DistributedMixin:
             grads.append(p.grad)
         compressed = [self._er_compression.compress(g) for g in grads]
         bucket.contexts = [context for _, context in compressed]
+        tensors = [c for c, _ in compressed]
+        if index == self._er_vote_bucket and size() > 1:
+            bucket.vote = host_vote.ballot(_fused_float_dtype(tensors), bucket.params[0].device)
+            tensors.append(bucket.vote)
         name = self._er_names.get(id(bucket.params[0]), "")
-        bucket.pending = start_grouped([c for c, _ in compressed], self._er_op, name,
+        bucket.pending = start_grouped(tensors, self._er_op, name,
                                        1.0 / self._er_predivide, self._er_predivide)
         bucket.grads = grads
 
@@ -187,15 +207,20 @@ class _DistributedMixin:
         while self._er_next < len(self._er_buckets):
             self._er_start(self._er_next)
             self._er_next += 1
+        vote: torch.Tensor | None = None
         for bucket in self._er_buckets:
             assert bucket.pending is not None
             reduced = bucket.pending.wait()
+            if bucket.vote is not None:
+                vote, reduced = reduced[-1], reduced[:-1]
             for grad, out, context in zip(bucket.grads, reduced, bucket.contexts, strict=True):
                 restored = self._er_compression.decompress(out, context)
                 if restored.data_ptr() != grad.data_ptr():
                     grad.copy_(restored)
             for p, handle in bucket.sparse:
                 p.grad = handles.synchronize(handle)
+        if vote is not None:
+            host_vote.carried(vote)
         self._er_forget()
         self._er_synchronized = True
 
@@ -247,6 +272,14 @@ class _DistributedMixin:
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._er_forget()
         super().load_state_dict(state_dict)  # type: ignore[misc]
+
+
+def _fused_float_dtype(tensors: list[torch.Tensor]) -> torch.dtype:
+    """The dtype the vote takes: that of a tensor it can share a fused bucket with."""
+    for tensor in reversed(tensors):
+        if tensor.dtype.is_floating_point and tensor.numel() * tensor.element_size() < ALONE_BYTES:
+            return tensor.dtype
+    return torch.float32
 
 
 def DistributedOptimizer(  # noqa: N802 - a factory named like the class it makes, as in Horovod

@@ -68,6 +68,11 @@ class Backend(Protocol):
         whether `flag` was True on any rank (the same answer on every rank)."""
         ...
 
+    # Optional (a backend without it always starts an agreement):
+    # carried_agreement() -> Callable[[], bool] | None, the answer of a vote that every
+    # rank's last step already carried (consumed by the call), or None when there is none.
+    # It must return one on every rank at the same commits (elasticrun/torch/host_vote.py).
+
     def hosts_changed(self) -> bool:
         """Whether this process knows of a host change the current round does not reflect."""
         ...
@@ -150,10 +155,14 @@ class State:
 
     def commit(self) -> None:
         """Saves the state in memory and checks whether hosts changed (may raise
-        HostsUpdatedInterrupt on every rank at once). The check's one scalar collective
-        runs while the state is copied."""
+        HostsUpdatedInterrupt on every rank at once). The check is the vote the last
+        optimizer step carried when there is one, else one scalar collective that runs
+        while the state is copied."""
         with timeline.span("commit", "elastic", commit=self._commits + 1):
-            agreement = self._backend.start_agreement(self._notice_pending())
+            flag = self._notice_pending()
+            carried = getattr(self._backend, "carried_agreement", None)
+            agreement = (carried() if carried is not None else None) or \
+                self._backend.start_agreement(flag)
             self.save()
             interrupt = agreement()
             self._commits += 1
