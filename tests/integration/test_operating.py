@@ -374,10 +374,16 @@ def metric_samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], f
     return samples
 
 
+def _second_round_complete(status: dict[str, object]) -> bool:
+    return status["round"] == 2 and status["state"] == "running" \
+        and status["round_complete"] is True
+
+
 def test_metrics_and_status_match_what_happened(tmp_path: Path) -> None:
     job = failing_job(tmp_path, [], sleep=0.15)
-    job.wait_until("the second round", lambda: job.status()["round"] == 2
-                   and job.status()["state"] == "running", timeout=90)
+    # complete: every member has joined, so the round's rendezvous time is recorded
+    job.wait_until("the second round, complete", lambda: _second_round_complete(job.status()),
+                   timeout=90)
     with urllib.request.urlopen(job.url + "/metrics", timeout=10) as response:
         assert response.headers["Content-Type"].startswith("text/plain")
         samples = metric_samples(response.read().decode())
