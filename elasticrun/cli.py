@@ -13,12 +13,13 @@ from pathlib import Path
 import click
 
 from elasticrun import protocol
+from elasticrun.agent.cli import agent_command
 from elasticrun.config import BACKENDS
 from elasticrun.config_file import config_file_callback
 from elasticrun.driver.driver import Driver
 from elasticrun.driver.processes.output import OutputRouter
 from elasticrun.errors import ConfigError, DiscoveryError, ElasticrunError
-from elasticrun.job_config import build_config, build_discovery
+from elasticrun.job_config import build_config, build_parts
 from elasticrun.status_cli import status_command
 
 ENV_WEBHOOK_TOKEN = protocol.ENV_WEBHOOK_TOKEN
@@ -59,6 +60,16 @@ def _positive(_ctx: click.Context, param: click.Parameter, value: float | None) 
 @click.option("--discovery", "discovery", metavar="NAME[:ARG]",
               help="Discovery plugin: script:PATH, static:HOSTS, hostfile:PATH, webhook[:HOSTS], "
                    "an installed plugin's NAME[:ARG], or module.path:factory[:ARG].")
+@click.option("--launcher", "launcher", metavar="NAME[:ARG]", default="auto",
+              show_default=True, envvar="ELASTICRUN_LAUNCHER",
+              help="How workers start: auto (local for this machine's names, SSH for the "
+                   "rest), local, ssh, slurm (srun, inside an allocation), agent (through "
+                   "`elasticrun agent`s that connect to this driver), an installed "
+                   "launcher's NAME[:ARG], or module.path:factory[:ARG].")
+@click.option("--agent-token-file", type=click.Path(path_type=Path, dir_okay=False),
+              metavar="FILE", help="Token that `elasticrun agent`s authenticate with "
+                                   "(--launcher agent, --discovery agents). Or set "
+                                   "ELASTICRUN_AGENT_TOKEN.")
 @click.option("--discovery-interval", type=float, default=1.0, show_default=True,
               callback=_positive, help="Seconds between discovery polls.")
 @click.option("--discovery-timeout", type=float, default=10.0, show_default=True,
@@ -144,6 +155,9 @@ def cli(**options: object) -> None:
       elasticrun -np 2 python train.py
       elasticrun -np 4 -H node1:2,node2:2 python train.py
       elasticrun -np 4 --min-np 2 --host-discovery-script ./hosts.sh python train.py
+      elasticrun --min-np 2 --launcher agent --port 29400 --agent-token-file t python train.py
+
+    Also: `elasticrun status URL` (a running job) and `elasticrun agent` (a node's agent).
     """
     verbose = bool(options.pop("verbose"))
     level = "DEBUG" if verbose else str(options.pop("log_level")).upper()
@@ -153,12 +167,12 @@ def cli(**options: object) -> None:
                 "timeline_mark_cycles": bool(options.pop("timeline_mark_cycles", False))}
     config = build_config(**options)  # type: ignore[arg-type]
     config = dataclasses.replace(config, **timeline)  # type: ignore[arg-type]
-    discovery = build_discovery(config)
+    parts = build_parts(config)
     _raise_open_file_limit()
     output = OutputRouter(sys.stdout.buffer, sys.stderr.buffer, config.output_filename,
                           config.prefix_timestamp)
     try:
-        code = asyncio.run(Driver(config, discovery, output).run())
+        code = asyncio.run(Driver(config, parts, output).run())
     finally:
         output.close()
     sys.exit(code)
@@ -171,6 +185,10 @@ def main(argv: list[str] | None = None) -> None:
         if args[:1] == ["status"]:  # `elasticrun -- status` runs a program named status
             status_command.main(args=args[1:], prog_name="elasticrun status",
                                 standalone_mode=False)
+            return
+        if args[:1] == ["agent"]:  # likewise `elasticrun -- agent`
+            agent_command.main(args=args[1:], prog_name="elasticrun agent",
+                               standalone_mode=False)
             return
         cli.main(args=args, prog_name="elasticrun", standalone_mode=False)
     except click.exceptions.Exit as exc:

@@ -8,6 +8,13 @@ from pathlib import Path
 from elasticrun.errors import ConfigError
 
 BACKENDS = ("auto", "gloo", "nccl")  # --backend: which carries CUDA tensors
+AGENT_LAUNCHERS = ("agent",)  # launchers whose workers run under agents
+
+
+def _target(spec: str) -> str:
+    """The plugin a --launcher/--discovery value names (plugins.parse_spec, without checks)."""
+    head, _, rest = spec.strip().partition(":")
+    return f"{head}:{rest.partition(':')[0]}" if "." in head else head
 
 
 @dataclass(frozen=True)
@@ -47,6 +54,14 @@ class DriverConfig:
     event_key: bytes | None = field(default=None, repr=False)
     timeline_filename: Path | None = None  # the job's trace, written by the driver
     timeline_mark_cycles: bool = False
+    launcher: str = "auto"  # --launcher NAME[:ARG] or module.path:factory[:ARG]
+    agent_token: str | None = field(default=None, repr=False)  # authenticates agents
+
+    @property
+    def uses_agents(self) -> bool:
+        """Whether `elasticrun agent`s connect to this job's driver."""
+        return _target(self.launcher) in AGENT_LAUNCHERS or (
+            self.discovery is not None and _target(self.discovery) == "agents")
 
     @property
     def elastic(self) -> bool:
@@ -82,6 +97,12 @@ class DriverConfig:
                               f"{self.backend!r}")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"--port must be 0..65535, got {self.port}")
+        if self.uses_agents and self.agent_token is None:
+            raise ConfigError("agents need the job's agent token: --agent-token-file FILE or "
+                              "ELASTICRUN_AGENT_TOKEN")
+        if self.uses_agents and self.port == 0:
+            raise ConfigError("agents connect to the driver at a port they know: give --port "
+                              "PORT (and the agents --driver http://THIS_HOST:PORT)")
         for name in ("discovery_interval", "discovery_timeout", "start_timeout",
                      "elastic_timeout", "collective_timeout", "driver_timeout"):
             if getattr(self, name) <= 0:

@@ -1,4 +1,5 @@
-"""From the command line's values to a job: the frozen DriverConfig and its discovery source.
+"""From the command line's values to a job: the frozen DriverConfig, and its parts (the
+discovery source, the launcher, the agents' hub).
 
 Every check of a value the user gave is here, and fails as one ConfigError line naming it.
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import urllib.parse
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from elasticrun import protocol
@@ -16,8 +18,15 @@ from elasticrun.discovery import HostDiscovery, HostfileDiscovery, ScriptDiscove
 from elasticrun.discovery.parsing import parse_hosts_flag
 from elasticrun.discovery.plugins import DiscoveryOptions, load_discovery, parse_spec
 from elasticrun.errors import ConfigError
+from elasticrun.launch.agent_hub import AgentHub
+from elasticrun.launch.base import Launcher
+from elasticrun.launch.plugins import DEFAULT as DEFAULT_LAUNCHER
+from elasticrun.launch.plugins import launcher_name, load_launcher
 
 MIN_TOKEN_LENGTH = 16
+# A launcher given without a host source brings its own: agents are found by connecting,
+# a Slurm job's hosts are its allocation's nodes.
+IMPLIED_DISCOVERY = {"agent": "agents", "slurm": "slurm"}
 
 
 def build_config(
@@ -53,6 +62,8 @@ def build_config(
     driver_timeout: float = 30.0,
     bind: tuple[str, ...] = (),
     backend: str = "auto",
+    launcher: str = DEFAULT_LAUNCHER,
+    agent_token_file: Path | None = None,
 ) -> DriverConfig:
     default_slots = slots_per_host or 1
     static_hosts = None
@@ -70,21 +81,28 @@ def build_config(
                 raise ConfigError(f"-H/--hosts {hosts!r} gives no slots")
         else:
             raise ConfigError("-np is required unless -H/--hosts or --min-np is given")
-    if static_hosts is None and hostfile is None and discovery_script is None \
-            and discovery is None:
+    launcher_target = launcher_name(launcher)
+    no_source = static_hosts is None and hostfile is None and discovery_script is None \
+        and discovery is None
+    if no_source and launcher_target in IMPLIED_DISCOVERY:
+        discovery = IMPLIED_DISCOVERY[launcher_target]
+    elif no_source:
         static_hosts = (("localhost", np),)
     elastic = min_np is not None or discovery_script is not None or discovery is not None
     token = _read_secret(webhook_token_file, protocol.ENV_WEBHOOK_TOKEN, "--webhook-token-file")
     key = _read_secret(event_secret_file, protocol.ENV_EVENT_SECRET, "--event-secret-file")
-    if token is not None and len(token) < MIN_TOKEN_LENGTH:
-        raise ConfigError(f"the webhook token is {len(token)} characters; use at least "
-                          f"{MIN_TOKEN_LENGTH} (e.g. openssl rand -hex 32)")
+    agent_token = _read_secret(agent_token_file, protocol.ENV_AGENT_TOKEN,
+                               "--agent-token-file")
+    for name, value in (("webhook", token), ("agent", agent_token)):
+        if value is not None and len(value) < MIN_TOKEN_LENGTH:
+            raise ConfigError(f"the {name} token is {len(value)} characters; use at least "
+                              f"{MIN_TOKEN_LENGTH} (e.g. openssl rand -hex 32)")
     if discovery is not None and parse_spec(discovery).target == "webhook" and token is None:
         raise ConfigError("--discovery webhook needs a token for the host-change webhook: "
                           "--webhook-token-file FILE or ELASTICRUN_WEBHOOK_TOKEN")
     if max_np is None and not elastic:
         max_np = np
-    return DriverConfig(
+    config = DriverConfig(
         command=tuple(command),
         np=np,
         min_np=min_np if min_np is not None else np,
@@ -117,7 +135,13 @@ def build_config(
         event_log=event_log,
         webhook_token=token,
         event_key=key.encode() if key is not None else None,
+        launcher=launcher,
+        agent_token=agent_token,
     )
+    if config.uses_agents and not config.bind:
+        # Agents connect from wherever they run (every request is authenticated).
+        config = replace(config, bind=("0.0.0.0",))
+    return config
 
 
 def _read_secret(path: Path | None, env_name: str, flag: str) -> str | None:
@@ -149,10 +173,27 @@ def _check_url(url: str) -> str:
     return url
 
 
-def build_discovery(config: DriverConfig) -> HostDiscovery:
+@dataclass(frozen=True)
+class JobParts:
+    """The pluggable parts of one job: where hosts come from, how workers start, and the
+    agents' hub when agents connect to this job."""
+
+    discovery: HostDiscovery
+    launcher: Launcher
+    agents: AgentHub | None
+
+
+def build_parts(config: DriverConfig) -> JobParts:
+    agents = AgentHub(config.agent_token) if config.uses_agents and config.agent_token \
+        else None
+    return JobParts(build_discovery(config, agents),
+                    load_launcher(config.launcher, config, agents), agents)
+
+
+def build_discovery(config: DriverConfig, agents: AgentHub | None = None) -> HostDiscovery:
     default_slots = config.slots_per_host or 1
     if config.discovery is not None:
-        options = DiscoveryOptions(None, default_slots, config.discovery_timeout)
+        options = DiscoveryOptions(None, default_slots, config.discovery_timeout, agents)
         return load_discovery(config.discovery, options)
     if config.discovery_script is not None:
         script = ScriptDiscovery(config.discovery_script, default_slots, config.discovery_timeout)

@@ -12,6 +12,8 @@ import hmac
 import math
 import secrets
 import time
+from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +47,7 @@ DEFAULT_DRIVER_TIMEOUT_S = 30.0
 # The operator's secrets: read by the driver, never passed on to workers.
 ENV_WEBHOOK_TOKEN = "ELASTICRUN_WEBHOOK_TOKEN"
 ENV_EVENT_SECRET = "ELASTICRUN_EVENT_SECRET"
-
+ENV_AGENT_TOKEN = "ELASTICRUN_AGENT_TOKEN"  # authenticates `elasticrun agent`s to the driver
 
 
 class HostUpdateResult(enum.IntFlag):
@@ -174,6 +176,34 @@ def verify_signature(
     if not hmac.compare_digest(expected, given):
         return "bad signature"
     return None
+
+
+class SignatureGuard:
+    """Checks the requests signed with one key: authentic, fresh, and each nonce seen once
+    within the window (a replay is refused)."""
+
+    def __init__(self, secret: str) -> None:
+        self._secret = secret
+        self._seen_nonces: OrderedDict[str, float] = OrderedDict()
+
+    def check(self, method: str, path: str, body: bytes, headers: Mapping[str, str],
+              now: float) -> str | None:
+        """None when the request passes; else why it is refused."""
+        signed = {key: headers.get(key, "") for key in (
+            HEADER_TIMESTAMP, HEADER_NONCE, HEADER_SIGNATURE)}
+        reason = verify_signature(self._secret, method, path, body, signed, now)
+        return reason if reason is not None else self._check_nonce(signed[HEADER_NONCE], now)
+
+    def _check_nonce(self, nonce: str, now: float) -> str | None:
+        while self._seen_nonces:
+            oldest, expiry = next(iter(self._seen_nonces.items()))
+            if expiry > now:
+                break
+            del self._seen_nonces[oldest]
+        if nonce in self._seen_nonces:
+            return "replayed request"
+        self._seen_nonces[nonce] = now + 2 * SIGNATURE_WINDOW_S
+        return None
 
 
 @dataclass(frozen=True)

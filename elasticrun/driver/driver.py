@@ -12,12 +12,11 @@ import logging
 import secrets
 import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from elasticrun import protocol
 from elasticrun.config import DriverConfig
-from elasticrun.discovery.base import HostDiscovery
 from elasticrun.driver.hosts.watcher import HostWatcher
 from elasticrun.driver.operate.failures import FailureLog
 from elasticrun.driver.operate.routes import OperatorRoutes
@@ -27,7 +26,7 @@ from elasticrun.driver.operate.timeline import JobTimeline
 from elasticrun.driver.processes.output import OutputRouter
 from elasticrun.driver.processes.placement import Placement
 from elasticrun.driver.processes.pool import PoolSettings, WorkerPool
-from elasticrun.driver.processes.records import EnvSettings, launcher_env, new_worker_id
+from elasticrun.driver.processes.records import EnvSettings, new_worker_id
 from elasticrun.driver.queue import EventQueue
 from elasticrun.driver.rounds import events as ev
 from elasticrun.driver.rounds.machine import RoundMachine
@@ -39,7 +38,8 @@ from elasticrun.driver.server.listen import (
     wildcard_warning,
 )
 from elasticrun.errors import ConfigError, ElasticrunError, JobFailedError, SpawnError
-from elasticrun.spawn.base import Spawner
+from elasticrun.job_config import JobParts
+from elasticrun.launch.base import launcher_env
 
 log = logging.getLogger("elasticrun.driver")
 
@@ -48,19 +48,24 @@ TASKS_STOP_S = 5.0  # how long the driver's own tasks get to stop once cancelled
 
 
 class Driver:
-    def __init__(self, config: DriverConfig, discovery: HostDiscovery, output: OutputRouter,
-                 spawner_for: Callable[[str], Spawner] | None = None,
-                 base_env: Mapping[str, str] | None = None) -> None:
+    def __init__(self, config: DriverConfig, parts: JobParts, output: OutputRouter,
+                 extra_env: Mapping[str, str] | None = None) -> None:
+        """`extra_env`: set for every worker of the job (elasticrun.run's env=)."""
         self._config = config
         self._output = output
         self.job_id = secrets.token_hex(6)
         self._telemetry = Telemetry.for_config(config, self.job_id)
-        self._placement = Placement(config)
-        self._spawner_for = spawner_for or self._placement.spawner_for
-        self._base_env = dict(base_env) if base_env is not None else launcher_env()
+        self._launcher = parts.launcher
+        self._placement = Placement(config, parts.launcher)
+        self._extra_env = dict(extra_env or {})
         self.machine = RoundMachine(config, new_worker_id)
-        self._watcher = HostWatcher(discovery, config.discovery_interval,
+        self._watcher = HostWatcher(parts.discovery, config.discovery_interval,
                                     self._telemetry.discovery_polled)
+        self._agents = parts.agents
+        if self._agents is not None:
+            self._agents.job_id = self.job_id
+            self._agents.on_change = lambda: self._watcher.wake(poll=True)
+            self._agents.on_drain = lambda host: self.post(ev.HostsDrained((host,)))
         self._operator = JobOperator(self.job_id, time.time(), config, self.machine.state,
                                      self._watcher, self._telemetry, self.post)
         self._routes = OperatorRoutes(self._operator, config.webhook_token,
@@ -86,9 +91,10 @@ class Driver:
             loop.add_signal_handler(sig, self.post, ev.Interrupted(sig.name, signal_code))
         code = 1
         error: str | None = "internal error"
+        self._exit_code = 1
         try:
             await self._start()
-            code = await self._finished
+            code = self._exit_code = await self._finished
             error = None if code == 0 else f"interrupted (exit code {code})"
             return code
         except ElasticrunError as exc:
@@ -109,12 +115,15 @@ class Driver:
         dialed = [dial_address(config.bind, self._placement.address_for(host))
                   for host in ["localhost", *hosts]]
         addresses = listen_addresses(config.bind, all_local, dialed)
+        routes = self._routes.routes() + (self._agents.routes() if self._agents else [])
         try:
-            port = await self._server.start(addresses, config.port, self._routes.routes())
+            port = await self._server.start(addresses, config.port, routes)
         except OSError as exc:
             raise ConfigError(f"cannot listen on {', '.join(addresses)} port "
                               f"{config.port}: {exc.strerror or exc}") from None
-        if (warning := wildcard_warning(addresses, port)) is not None:
+        if config.uses_agents:
+            log.info("agents connect at http://%s:%d", ",".join(addresses), port)
+        elif (warning := wildcard_warning(addresses, port)) is not None:
             log.warning("%s", warning)
         log.info("job %s: status at http://%s:%d/status", self.job_id,
                  "127.0.0.1" if covered(addresses, "127.0.0.1") else dialed[0], port)
@@ -127,8 +136,9 @@ class Driver:
             driver_timeout=config.driver_timeout, backend=config.backend,
             gloo_interface=config.network_interface or ("lo" if all_local else None))
         settings = PoolSettings(config.command, config.working_dir, config.stop_grace_period,
-                                env, {**self._base_env, **self._timeline.worker_env()})
-        self._pool = WorkerPool(settings, self._spawner_for, self._dial_address, self._output,
+                                env, launcher_env(),
+                                {**self._timeline.worker_env(), **self._extra_env})
+        self._pool = WorkerPool(settings, self._launcher, self._dial_address, self._output,
                                 self._exited, self._rank_of)
         self.post(ev.JobStarted(hosts))
         self._run_task(self._watcher.run(lambda found: self.post(ev.HostsFound(found))))
@@ -140,7 +150,9 @@ class Driver:
             task.cancel()
         if self._pool is not None:
             await self._pool.stop_all()
-        await self._placement.close()
+        await self._launcher.close()
+        if self._agents is not None:
+            await self._agents.close(self._exit_code)
         if self._tasks:
             # Bounded: a task that ignored its cancellation must not keep the launcher alive.
             _, stuck = await asyncio.wait(list(self._tasks), timeout=TASKS_STOP_S)

@@ -24,11 +24,10 @@ from elasticrun.cli import _LogFormatter, _raise_open_file_limit
 from elasticrun.config import DriverConfig
 from elasticrun.driver.driver import TASKS_STOP_S, Driver
 from elasticrun.driver.processes.output import OutputRouter
-from elasticrun.driver.processes.records import launcher_env
 from elasticrun.driver.rounds.state import JobState
 from elasticrun.driver.server.results_api import ReceivedResult
 from elasticrun.errors import JobFailedError
-from elasticrun.job_config import build_discovery
+from elasticrun.job_config import build_parts
 from elasticrun.timed import within
 
 SIGINT_CODE = 130
@@ -40,11 +39,11 @@ def run_function(config: DriverConfig, payload: bytes, env: Mapping[str, str],
     """Runs the job whose workers run `payload` (cloudpickled func, args, kwargs); returns
     the results of the last round's workers in rank order. Raises ElasticrunError (the
     job failed), or KeyboardInterrupt once an interrupted job has stopped."""
-    discovery = build_discovery(config)
+    parts = build_parts(config)
     _raise_open_file_limit()
     output = OutputRouter(_binary(sys.stdout), _binary(sys.stderr), config.output_filename,
                           config.prefix_timestamp)
-    driver = Driver(config, discovery, output, base_env={**launcher_env(), **env})
+    driver = Driver(config, parts, output, extra_env=env)
     driver.results.payload = payload
     try:
         with _logging(log_level):

@@ -1,4 +1,4 @@
-"""A real sshd on 127.0.0.1 for the SSH spawner tests, with its own keys and files."""
+"""A real sshd on 127.0.0.1 for the SSH launcher tests, with its own keys and files."""
 
 from __future__ import annotations
 

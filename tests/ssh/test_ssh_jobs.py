@@ -1,4 +1,4 @@
-"""Whole jobs through the SSH spawner, against a real sshd on loopback.
+"""Whole jobs through the SSH launcher, against a real sshd on loopback.
 
 The hosts are ~/.ssh/config aliases of 127.0.0.1 ("sshhost1", ...): not local names, so
 the driver reaches them over SSH exactly as it would reach another machine.

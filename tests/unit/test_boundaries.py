@@ -23,6 +23,12 @@ def test_driver_never_imports_torch() -> None:
     assert "torch" not in modules
 
 
+def test_agent_never_imports_torch_or_ssh() -> None:
+    """`elasticrun agent` runs on every node, in images that may lack both."""
+    modules = imported_after("import elasticrun.agent.cli, elasticrun.agent.runner")
+    assert not modules & {"torch", "paramiko"}
+
+
 def test_worker_library_never_imports_launcher_dependencies() -> None:
     modules = imported_after("import elasticrun.torch, elasticrun.torch.elastic")
     assert not modules & {"aiohttp", "paramiko", "click"}

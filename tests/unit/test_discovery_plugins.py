@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from elasticrun.discovery import plugins
+from elasticrun import plugins
 from elasticrun.discovery.hostfile import HostfileDiscovery
 from elasticrun.discovery.plugins import (
     ENTRY_POINT_GROUP,

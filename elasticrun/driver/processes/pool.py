@@ -13,10 +13,10 @@ from pathlib import Path
 
 from elasticrun import protocol
 from elasticrun.driver.processes.output import OutputRouter
-from elasticrun.driver.processes.records import EnvSettings, WorkerProcessRecord, worker_env
+from elasticrun.driver.processes.records import EnvSettings, WorkerProcessRecord, job_env
 from elasticrun.driver.rounds.assignment import SlotId
+from elasticrun.launch.base import Launcher, WorkerSpec
 from elasticrun.protocol import SlotInfo
-from elasticrun.spawn.base import Spawner
 
 log = logging.getLogger("elasticrun.driver")
 
@@ -29,21 +29,22 @@ class PoolSettings:
     working_dir: Path
     grace_period: float
     env_settings: EnvSettings
-    base_env: Mapping[str, str]
+    launcher_env: Mapping[str, str]  # the environment workers inherit (launcher_env())
+    extra_env: Mapping[str, str]  # set for every worker of the job, on top of its place
 
 
 class WorkerPool:
     def __init__(
         self,
         settings: PoolSettings,
-        spawner_for: Callable[[str], Spawner],
+        launcher: Launcher,
         address_for: Callable[[str], Awaitable[str]],
         output: OutputRouter,
         on_exit: Callable[[str, int], None],
         rank_of: Callable[[str], int],
     ) -> None:
         self._settings = settings
-        self._spawner_for = spawner_for
+        self._launcher = launcher
         self._address_for = address_for
         self._output = output
         self._on_exit = on_exit
@@ -59,10 +60,12 @@ class WorkerPool:
                     master: tuple[str, int]) -> None:
         """Starts a worker; raises SpawnError."""
         settings = self._settings
-        env = worker_env(settings.base_env, settings.env_settings, worker_id, info, *master)
+        env = job_env(settings.env_settings, worker_id, info, *master, settings.launcher_env)
+        env.update(settings.extra_env)
         env[protocol.ENV_RENDEZVOUS_ADDR] = await self._address_for(slot.host)
-        process = await self._spawner_for(slot.host).spawn(
-            slot.host, settings.command, env, settings.working_dir)
+        process = await self._launcher.start(WorkerSpec(
+            worker_id, slot.host, settings.command, settings.working_dir, env,
+            settings.launcher_env))
         record = WorkerProcessRecord(worker_id, slot, process)
         self._processes[worker_id] = record
         record.watcher = asyncio.get_running_loop().create_task(self._watch(record))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
 import secrets
 from collections import deque
 from collections.abc import Mapping
@@ -13,8 +12,8 @@ from dataclasses import dataclass, field
 from elasticrun import protocol
 from elasticrun.driver.processes.output import new_tail
 from elasticrun.driver.rounds.assignment import SlotId
+from elasticrun.launch.base import WorkerProcess
 from elasticrun.protocol import SlotInfo
-from elasticrun.spawn.base import WorkerProcess
 
 _serial = itertools.count(1)
 
@@ -52,25 +51,18 @@ class EnvSettings:
     backend: str = "auto"
 
 
-def worker_env(
-    base: Mapping[str, str],
+def job_env(
     settings: EnvSettings,
     worker_id: str,
     info: SlotInfo,
     master_addr: str,
     master_port: int,
+    inherited: Mapping[str, str],
 ) -> dict[str, str]:
-    """The launcher's environment plus the worker's place, in elasticrun and torchrun names.
-
-    The secret travels in the environment, never on a command line. The operator's
-    secrets (webhook token, event key) stay with the driver: a worker cannot change hosts.
-    """
-    env = dict(base)
-    for name in [n for n in env if n.startswith("TORCHELASTIC_")]:
-        del env[name]
-    env.pop(protocol.ENV_WEBHOOK_TOKEN, None)
-    env.pop(protocol.ENV_EVENT_SECRET, None)
-    env.update({
+    """What elasticrun sets for one worker: its place, in elasticrun, torchrun and Horovod
+    names, and how to reach the driver. The secret travels in the environment, never on a
+    command line."""
+    env = {
         protocol.ENV_HOSTNAME: info.hostname,
         protocol.ENV_RANK: str(info.rank),
         protocol.ENV_SIZE: str(info.size),
@@ -93,9 +85,9 @@ def worker_env(
         "MASTER_ADDR": master_addr,
         "MASTER_PORT": str(master_port),
         "PYTHONUNBUFFERED": "1",
-    })
+    }
     env.update(horovod_env(info))
-    if settings.gloo_interface and "GLOO_SOCKET_IFNAME" not in base:
+    if settings.gloo_interface and "GLOO_SOCKET_IFNAME" not in inherited:
         env["GLOO_SOCKET_IFNAME"] = settings.gloo_interface
     return env
 
@@ -108,7 +100,3 @@ def horovod_env(info: SlotInfo) -> dict[str, str]:
     env = {protocol.HOROVOD_ENV_PREFIX + name: str(value) for name, value in place.items()}
     env[protocol.HOROVOD_ELASTIC] = "1"
     return env
-
-
-def launcher_env() -> dict[str, str]:
-    return dict(os.environ)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
@@ -25,8 +24,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 class RequestSigning:
     def __init__(self, secret: str) -> None:
-        self._secret = secret
-        self._seen_nonces: OrderedDict[str, float] = OrderedDict()
+        self._guard = protocol.SignatureGuard(secret)
         self.open_resources: set[web.AbstractResource | None] = set()  # their own auth
 
     @web.middleware
@@ -41,13 +39,7 @@ class RequestSigning:
             return error(400, "unreadable request body")
         except ConnectionError:  # the worker went away mid-request (it may have died)
             return error(400, "connection lost")
-        headers = {key: request.headers.get(key, "") for key in (
-            protocol.HEADER_TIMESTAMP, protocol.HEADER_NONCE, protocol.HEADER_SIGNATURE)}
-        now = time.time()
-        reason = protocol.verify_signature(
-            self._secret, request.method, request.path_qs, body, headers, now)
-        if reason is None:
-            reason = self._check_nonce(headers[protocol.HEADER_NONCE], now)
+        reason = self.verify(request, body)
         if reason is not None:
             log.debug("refused %s %s from %s: %s", request.method, request.path, request.remote,
                       reason)
@@ -64,13 +56,7 @@ class RequestSigning:
         except BadRequest as exc:
             return error(400, str(exc))
 
-    def _check_nonce(self, nonce: str, now: float) -> str | None:
-        while self._seen_nonces:
-            oldest, expiry = next(iter(self._seen_nonces.items()))
-            if expiry > now:
-                break
-            del self._seen_nonces[oldest]
-        if nonce in self._seen_nonces:
-            return "replayed request"
-        self._seen_nonces[nonce] = now + 2 * protocol.SIGNATURE_WINDOW_S
-        return None
+    def verify(self, request: web.Request, body: bytes) -> str | None:
+        """None when `request` is signed with this key, fresh and not replayed; else why not."""
+        return self._guard.check(request.method, request.path_qs, body, request.headers,
+                                 time.time())

@@ -30,8 +30,10 @@ from typing import Any
 import paramiko
 
 from elasticrun.errors import SpawnError
-from elasticrun.spawn.bootstrap import remote_command
-from elasticrun.spawn.ssh_connect import (
+from elasticrun.launch.base import WorkerSpec
+from elasticrun.launch.bootstrap import remote_command
+from elasticrun.launch.plugins import LaunchOptions, no_arg
+from elasticrun.launch.ssh_connect import (
     SSHSettings,
     _connect,
     _load_config,
@@ -41,9 +43,9 @@ from elasticrun.spawn.ssh_connect import (
 )
 from elasticrun.timed import within
 
-__all__ = ["SSHProcess", "SSHSettings", "SSHSpawner"]
+__all__ = ["SSHLauncher", "SSHProcess", "SSHSettings"]
 
-log = logging.getLogger("elasticrun.spawn.ssh")
+log = logging.getLogger("elasticrun.launch.ssh")
 
 OUTPUT_LIMIT = 1024 * 1024  # bytes a reader buffers for one line (as in local.py)
 READ_CHUNK = 32 * 1024
@@ -139,7 +141,7 @@ def _thread(name: str, target: Any, *args: Any) -> threading.Thread:
 class _HostConnections:
     """The SSH connections to one host: normally one; more if sshd's MaxSessions is reached.
 
-    Blocking: runs in the spawner's threads. Connects to one host happen one at a time.
+    Blocking: runs in the launcher's threads. Connects to one host happen one at a time.
     """
 
     def __init__(self, target: _Target, settings: SSHSettings) -> None:
@@ -181,7 +183,7 @@ class _HostConnections:
                 self.clients.append(client)
                 return
         client.close()
-        raise SpawnError("the SSH spawner was closed")
+        raise SpawnError("the SSH launcher was closed")
 
     def _drop(self, client: paramiko.SSHClient) -> None:
         with self._clients_lock:
@@ -207,7 +209,7 @@ class _HostConnections:
         return None
 
 
-class SSHSpawner:
+class SSHLauncher:
     """Starts workers on remote hosts over SSH. Call `await close()` when the job ends."""
 
     def __init__(self, settings: SSHSettings | None = None) -> None:
@@ -220,11 +222,14 @@ class SSHSpawner:
         self._executor = ThreadPoolExecutor(max_workers=MAX_CONNECT_THREADS,
                                             thread_name_prefix="elasticrun-ssh")
 
+    async def start(self, spec: WorkerSpec) -> SSHProcess:
+        return await self.spawn(spec.host, spec.command, spec.env, spec.cwd)
+
     async def spawn(
         self, host: str, command: Sequence[str], env: Mapping[str, str], cwd: Path
     ) -> SSHProcess:
         if self._closed:
-            raise SpawnError(f"cannot start a worker on host {host}: the SSH spawner is closed")
+            raise SpawnError(f"cannot start a worker on host {host}: the SSH launcher is closed")
         if not command:
             raise SpawnError("no command to start")
         connections = self._connections(host)
@@ -276,3 +281,8 @@ def _close_channel(future: asyncio.Future[paramiko.Channel]) -> None:
     """For a spawn cancelled while its channel was being opened."""
     if not future.cancelled() and future.exception() is None:
         future.result().close()
+
+
+def plugin(options: LaunchOptions) -> SSHLauncher:
+    no_arg(options, "ssh")
+    return SSHLauncher(SSHSettings.from_config(options.config))

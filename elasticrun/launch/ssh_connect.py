@@ -16,9 +16,10 @@ from typing import Any
 
 import paramiko
 
+from elasticrun.config import DriverConfig
 from elasticrun.errors import SpawnError
 
-log = logging.getLogger("elasticrun.spawn.ssh")
+log = logging.getLogger("elasticrun.launch.ssh")
 
 RETRY_BACKOFF_S = (0.5, 1.0, 2.0)
 DEAD_PEER_FACTOR = 3  # TCP_USER_TIMEOUT = keepalive interval x this
@@ -44,6 +45,15 @@ class SSHSettings:
     config_file: Path | None = None  # default: ~/.ssh/config if it exists
     stop_grace_period: float = 5.0  # used remotely when the connection is lost
     keepalive_interval: float = 10.0  # 0: no keepalives, no dead-peer detection
+
+    @classmethod
+    def from_config(cls, config: DriverConfig) -> SSHSettings:
+        return cls(port=config.ssh_port,
+                   identity_file=config.ssh_identity_file,
+                   accept_new_host_keys=config.ssh_accept_new_host_keys,
+                   python=config.remote_python or sys.executable,
+                   connect_timeout=min(10.0, config.start_timeout),
+                   stop_grace_period=config.stop_grace_period)
 
 
 @dataclass(frozen=True)

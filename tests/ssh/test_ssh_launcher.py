@@ -1,4 +1,4 @@
-"""SSHSpawner against a real sshd on 127.0.0.1 (see conftest.py)."""
+"""SSHLauncher against a real sshd on 127.0.0.1 (see conftest.py)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from elasticrun.errors import SpawnError
-from elasticrun.spawn.ssh import SSHProcess, SSHSettings, SSHSpawner
+from elasticrun.launch.ssh import SSHLauncher, SSHProcess, SSHSettings
 from tests.integration import harness
 
 HOST = "127.0.0.1"
@@ -69,7 +69,7 @@ async def wait_code(proc: SSHProcess, timeout: float = 10.0) -> int:
     return await asyncio.wait_for(proc.wait(), timeout)
 
 
-async def spawn_ready(spawner: SSHSpawner, script: str, env: dict[str, str],
+async def spawn_ready(spawner: SSHLauncher, script: str, env: dict[str, str],
                       cwd: Path) -> SSHProcess:
     """Runs `sh -c script`; the script prints "ready" once its processes are up."""
     proc = await spawner.spawn(HOST, ["sh", "-c", script], env, cwd)
@@ -91,15 +91,15 @@ def env(tag: str) -> dict[str, str]:
 
 
 @pytest.fixture
-async def spawner(sshd: SSHServer) -> AsyncIterator[SSHSpawner]:
-    spawner = SSHSpawner(settings_for(sshd))
+async def spawner(sshd: SSHServer) -> AsyncIterator[SSHLauncher]:
+    spawner = SSHLauncher(settings_for(sshd))
     yield spawner
     await spawner.close()
 
 
 async def connect_error(settings: SSHSettings, tmp_path: Path) -> tuple[str, float]:
     """The SpawnError message of one spawn with `settings`, and how long it took."""
-    spawner = SSHSpawner(settings)
+    spawner = SSHLauncher(settings)
     started = time.monotonic()
     try:
         with pytest.raises(SpawnError) as info:
@@ -126,7 +126,7 @@ sys.exit(int(os.environ["CODE"]))
 
 @pytest.mark.parametrize("code", [0, 3])
 async def test_runs_command_with_env_cwd_args_and_exit_code(
-    spawner: SSHSpawner, env: dict[str, str], tmp_path: Path, code: int
+    spawner: SSHLauncher, env: dict[str, str], tmp_path: Path, code: int
 ) -> None:
     cwd = tmp_path / "dir with 'quotes' and spaces"
     cwd.mkdir()
@@ -139,7 +139,7 @@ async def test_runs_command_with_env_cwd_args_and_exit_code(
 
 
 async def test_secret_is_on_no_command_line(
-    spawner: SSHSpawner, env: dict[str, str], tag: str, tmp_path: Path
+    spawner: SSHLauncher, env: dict[str, str], tag: str, tmp_path: Path
 ) -> None:
     secret = f"secret-{uuid.uuid4().hex}"
     env["ELASTICRUN_SECRET"] = secret
@@ -159,7 +159,7 @@ async def test_secret_is_on_no_command_line(
 
 
 async def test_output_is_complete_for_large_volumes(
-    spawner: SSHSpawner, env: dict[str, str], tmp_path: Path
+    spawner: SSHLauncher, env: dict[str, str], tmp_path: Path
 ) -> None:
     size = 3_000_000
     proc = await spawner.spawn(HOST, ["head", "-c", str(size), "/dev/zero"], env, tmp_path)
@@ -169,7 +169,7 @@ async def test_output_is_complete_for_large_volumes(
 
 
 async def test_missing_working_directory_is_exit_127(
-    spawner: SSHSpawner, env: dict[str, str], tmp_path: Path
+    spawner: SSHLauncher, env: dict[str, str], tmp_path: Path
 ) -> None:
     proc = await spawner.spawn(HOST, ["true"], env, tmp_path / "nope")
     assert await wait_code(proc) == 127
@@ -179,7 +179,7 @@ async def test_missing_working_directory_is_exit_127(
 
 
 async def test_missing_command_is_exit_127(
-    spawner: SSHSpawner, env: dict[str, str], tmp_path: Path
+    spawner: SSHLauncher, env: dict[str, str], tmp_path: Path
 ) -> None:
     proc = await spawner.spawn(HOST, ["no-such-command-xyz"], env, tmp_path)
     assert await wait_code(proc) == 127
@@ -188,7 +188,7 @@ async def test_missing_command_is_exit_127(
 
 
 async def test_workers_share_a_connection_until_max_sessions(
-    sshd: SSHServer, spawner: SSHSpawner, env: dict[str, str], tmp_path: Path
+    sshd: SSHServer, spawner: SSHLauncher, env: dict[str, str], tmp_path: Path
 ) -> None:
     procs = await asyncio.gather(*(
         spawn_ready(spawner, "echo ready; exec sleep 30", env, tmp_path)
@@ -204,7 +204,7 @@ async def test_workers_share_a_connection_until_max_sessions(
 
 
 async def test_stop_ends_the_whole_remote_tree(
-    spawner: SSHSpawner, env: dict[str, str], tag: str, tmp_path: Path
+    spawner: SSHLauncher, env: dict[str, str], tag: str, tmp_path: Path
 ) -> None:
     proc = await spawn_ready(spawner, "sleep 300 & sleep 300 & echo ready; wait", env, tmp_path)
     assert count_tagged(tag, 3) == 3
@@ -216,7 +216,7 @@ async def test_stop_ends_the_whole_remote_tree(
 
 
 async def test_stop_kills_a_tree_ignoring_sigterm_after_the_grace(
-    spawner: SSHSpawner, env: dict[str, str], tag: str, tmp_path: Path
+    spawner: SSHLauncher, env: dict[str, str], tag: str, tmp_path: Path
 ) -> None:
     script = "trap '' TERM; sleep 300 & echo ready; wait"
     proc = await spawn_ready(spawner, script, env, tmp_path)
@@ -234,7 +234,7 @@ def parent_pid(pid: int) -> int:
 
 
 async def test_sigterm_to_the_remote_bootstrap_ends_the_tree(
-    spawner: SSHSpawner, env: dict[str, str], tag: str, tmp_path: Path
+    spawner: SSHLauncher, env: dict[str, str], tag: str, tmp_path: Path
 ) -> None:
     proc = await spawn_ready(spawner, "sleep 300 & echo ready; wait", env, tmp_path)
     assert count_tagged(tag, 2) == 2
@@ -247,7 +247,7 @@ async def test_sigterm_to_the_remote_bootstrap_ends_the_tree(
 
 
 async def test_lost_connection_ends_the_remote_tree(
-    spawner: SSHSpawner, env: dict[str, str], tag: str, tmp_path: Path
+    spawner: SSHLauncher, env: dict[str, str], tag: str, tmp_path: Path
 ) -> None:
     proc = await spawn_ready(spawner, "sleep 300 & sleep 300 & echo ready; wait", env, tmp_path)
     transport = proc.channel.get_transport()
@@ -260,7 +260,7 @@ async def test_lost_connection_ends_the_remote_tree(
 async def test_closing_the_spawner_ends_running_workers(
     sshd: SSHServer, env: dict[str, str], tag: str, tmp_path: Path
 ) -> None:
-    spawner = SSHSpawner(settings_for(sshd))
+    spawner = SSHLauncher(settings_for(sshd))
     procs = [await spawn_ready(spawner, "sleep 300 & echo ready; wait", env, tmp_path)
              for _ in range(2)]
     assert count_tagged(tag, 4) == 4
@@ -272,7 +272,7 @@ async def test_closing_the_spawner_ends_running_workers(
 
 
 async def test_stop_after_exit_is_harmless(
-    spawner: SSHSpawner, env: dict[str, str], tmp_path: Path
+    spawner: SSHLauncher, env: dict[str, str], tmp_path: Path
 ) -> None:
     proc = await spawner.spawn(HOST, ["true"], env, tmp_path)
     assert await wait_code(proc) == 0
@@ -283,14 +283,14 @@ async def test_stop_after_exit_is_harmless(
 DRIVER = """
 import asyncio, json, sys
 from pathlib import Path
-from elasticrun.spawn.ssh import SSHSettings, SSHSpawner
+from elasticrun.launch.ssh import SSHSettings, SSHLauncher
 
 async def main():
     args = json.loads(sys.argv[1])
     settings = SSHSettings(port=args["port"], identity_file=Path(args["key"]),
                            known_hosts=Path(args["known_hosts"]),
                            config_file=Path(args["config"]))
-    proc = await SSHSpawner(settings).spawn(
+    proc = await SSHLauncher(settings).spawn(
         "127.0.0.1", ["sh", "-c", "sleep 300 & sleep 300 & echo ready; wait"],
         args["env"], Path(args["cwd"]))
     sys.stdout.write((await proc.stdout.readline()).decode())
@@ -337,7 +337,7 @@ async def test_new_host_key_is_accepted_and_recorded_when_asked(
 ) -> None:
     known = tmp_path / "new" / "known_hosts"
     for accept in (True, False):  # the second spawner finds the recorded key
-        spawner = SSHSpawner(settings_for(sshd, known_hosts=known, accept_new_host_keys=accept))
+        spawner = SSHLauncher(settings_for(sshd, known_hosts=known, accept_new_host_keys=accept))
         try:
             proc = await spawner.spawn(HOST, ["true"], env, tmp_path)
             assert await wait_code(proc) == 0
@@ -401,7 +401,7 @@ async def test_ssh_config_gives_hostname_port_user_and_key(
     config = tmp_path / "ssh_config"
     config.write_text(f"Host node-a\n  HostName 127.0.0.1\n  Port {sshd.port}\n"
                       f"  User root\n  IdentityFile {sshd.client_key}\n")
-    spawner = SSHSpawner(SSHSettings(known_hosts=sshd.known_hosts, config_file=config))
+    spawner = SSHLauncher(SSHSettings(known_hosts=sshd.known_hosts, config_file=config))
     try:
         proc = await spawner.spawn("node-a", ["sh", "-c", "exit 5"], env, tmp_path)
         assert await wait_code(proc) == 5
@@ -417,7 +417,7 @@ async def test_ssh_config_proxy_command(
             f"-i {sshd.client_key} -p {sshd.port} -W %h:%p root@127.0.0.1")
     config = tmp_path / "ssh_config"
     config.write_text(f"Host behind\n  HostName 127.0.0.1\n  ProxyCommand {jump}\n")
-    spawner = SSHSpawner(settings_for(sshd, config_file=config))
+    spawner = SSHLauncher(settings_for(sshd, config_file=config))
     try:
         proc = await spawner.spawn("behind", ["sh", "-c", "echo via proxy"], env, tmp_path)
         assert await read_line(proc) == b"via proxy\n"

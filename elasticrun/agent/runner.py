@@ -1,0 +1,289 @@
+"""The agent's life: connect out to the driver, say hello, run what it says, and go.
+
+- It registers its host and slots; the driver starts and stops its workers through it.
+- The driver silent for longer than the grace (its process gone, its node gone, or it
+  stopped answering): the agent stops its workers and exits 1. Within the grace it
+  reconnects (a new connection takes over the running workers) and nothing is lost.
+- SIGTERM (pod eviction, Slurm preemption): a drain. The driver lets its workers leave at
+  the next commit; once they have, the agent says bye and exits 0. A second SIGTERM or
+  SIGINT stops them at once.
+- The job's end (the driver says so): it stops what is left and exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import signal
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+from elasticrun import protocol
+from elasticrun.agent import wire
+from elasticrun.agent.workers import AgentWorkers
+from elasticrun.timed import within
+
+log = logging.getLogger("elasticrun.agent")
+
+HEARTBEAT_S = 2.0  # pings to the driver; its silence is measured against the grace
+RETRY_S = (0.1, 0.2, 0.5, 1.0)  # between connection attempts
+CONNECT_TIMEOUT_S = 10.0  # one attempt: TCP, the upgrade, hello and welcome
+OUTBOX_BYTES = 8 * 1024 * 1024  # output kept while the driver is away; older output is dropped
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    driver: str  # http://host:port
+    token: str
+    host: str
+    slots: int
+    driver_grace: float = 30.0
+    stop_grace: float = 5.0
+    drain_timeout: float = 600.0
+    working_dir: Path | None = None
+
+
+class Refused(Exception):
+    """The driver will not take this agent, now or ever; the message says why."""
+
+
+class DriverGone(Exception):
+    """The driver has been silent for longer than the grace."""
+
+
+class Agent:
+    def __init__(self, settings: AgentSettings) -> None:
+        self.settings = settings
+        self._id = secrets.token_hex(8)
+        self._outbox: deque[wire.Message] = deque()
+        self._outbox_bytes = 0
+        self._wake_sender = asyncio.Event()
+        self._workers = AgentWorkers(settings.token, settings.working_dir, self._emit)
+        self._last_heard = time.monotonic()
+        self._draining = False
+        self._result: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    # --- the whole life -----------------------------------------------------------------------
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._signalled, sig)
+        try:
+            async with aiohttp.ClientSession() as session:
+                life = asyncio.ensure_future(self._connect_loop(session))
+                life.add_done_callback(self._life_ended)
+                await asyncio.wait({self._result})
+                life.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await life
+                return await self._result
+        except Refused as exc:
+            log.error("the driver at %s refused this agent: %s", self.settings.driver, exc)
+            await self._workers.stop_all(self.settings.stop_grace)
+            return 2
+        except DriverGone:
+            count = len(self._workers)
+            log.error("the driver at %s has not answered for %gs: stopping %d worker(s)",
+                      self.settings.driver, self.settings.driver_grace, count)
+            await self._workers.stop_all(self.settings.stop_grace)
+            return 1
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+
+    def _life_ended(self, life: asyncio.Future[None]) -> None:
+        """The connection loop ends only by raising (Refused, DriverGone, a bug)."""
+        if not self._result.done() and not life.cancelled():
+            error = life.exception()
+            self._result.set_exception(error if error is not None else RuntimeError(
+                "the agent's connection loop ended"))
+
+    def _finish(self, code: int) -> None:
+        if not self._result.done():
+            self._result.set_result(code)
+
+    def _signalled(self, sig: signal.Signals) -> None:
+        if self._draining:
+            log.info("%s again: stopping %d worker(s) now", sig.name, len(self._workers))
+            asyncio.get_running_loop().create_task(self._stop_and_finish(128 + sig.value))
+            return
+        self._draining = True
+        log.info("%s: draining (the workers leave at the job's next commit)", sig.name)
+        self._emit(wire.Drain())
+        self._workers.changed.set()
+        asyncio.get_running_loop().call_later(self.settings.drain_timeout, self._drain_expired)
+
+    def _drain_expired(self) -> None:
+        if self._result.done():
+            return
+        log.error("the workers did not leave within --drain-timeout %gs: stopping %d",
+                  self.settings.drain_timeout, len(self._workers))
+        asyncio.get_running_loop().create_task(self._stop_and_finish(1))
+
+    async def _stop_and_finish(self, code: int) -> None:
+        await self._workers.stop_all(self.settings.stop_grace)
+        self._finish(code)
+
+    # --- connections -------------------------------------------------------------------------
+    async def _connect_loop(self, session: aiohttp.ClientSession) -> None:
+        attempt = 0
+        while True:
+            try:
+                ws = await within(self._connect(session), CONNECT_TIMEOUT_S)
+            except (aiohttp.ClientError, OSError, asyncio.TimeoutError, wire.BadMessage) as exc:
+                self._check_grace(f"cannot reach it: {exc}")
+                await asyncio.sleep(RETRY_S[min(attempt, len(RETRY_S) - 1)])
+                attempt += 1
+                continue
+            attempt = 0
+            async with ws:
+                await self._session(ws)
+            if self._drained():
+                self._finish(0)  # the driver hung up after the bye
+                return
+            log.warning("the connection to the driver closed; reconnecting (for up to %gs)",
+                        self.settings.driver_grace)
+            self._check_grace("its connection closed")
+
+    def _check_grace(self, why: str) -> None:
+        silent = time.monotonic() - self._last_heard
+        log.debug("driver unreachable for %.1fs: %s", silent, why)
+        if silent > self.settings.driver_grace:
+            raise DriverGone
+
+    async def _connect(self, session: aiohttp.ClientSession
+                       ) -> aiohttp.ClientWebSocketResponse:
+        headers = protocol.sign_headers(self.settings.token, "GET", wire.PATH, b"")
+        try:
+            ws = await session.ws_connect(
+                self.settings.driver.rstrip("/") + wire.PATH, headers=headers,
+                autoping=False, max_msg_size=wire.MAX_MESSAGE_BYTES,
+                timeout=aiohttp.ClientWSTimeout(ws_close=2.0))
+        except aiohttp.WSServerHandshakeError as exc:
+            if exc.status == 401:
+                raise Refused(f"{exc.message or 'unauthorized'} (is --token-file the job's "
+                              f"agent token?)") from None
+            raise
+        # Workers that ended while the driver was away count too: their exits are queued.
+        known = self._workers.ids() + [m.worker for m in self._outbox
+                                       if isinstance(m, wire.Exited)]
+        await ws.send_str(wire.encode(wire.Hello(
+            self.settings.host, self.settings.slots, self._id, tuple(known), self._draining)))
+        reply = await within(ws.receive(), 10.0)
+        message = wire.decode(reply.data) if reply.type == aiohttp.WSMsgType.TEXT else None
+        if isinstance(message, wire.Refused):
+            await ws.close()
+            raise Refused(message.reason)
+        if not isinstance(message, wire.Welcome):
+            await ws.close()
+            raise aiohttp.ClientError("no welcome from the driver")
+        self._last_heard = time.monotonic()
+        log.info("connected to the driver at %s (job %s) as host %s with %d slot(s)",
+                 self.settings.driver, message.job, self.settings.host, self.settings.slots)
+        for worker in message.stop:
+            self._workers.stop(worker, self.settings.stop_grace)
+        return ws
+
+    async def _session(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        """One connection: messages in, messages out, pings, drain progress. Returns when
+        the connection breaks; raises DriverGone."""
+        tasks = [asyncio.ensure_future(coro) for coro in (
+            self._receive(ws), self._send(ws), self._ping(ws), self._watch_drain(ws))]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                error = task.exception()
+                if isinstance(error, DriverGone):
+                    raise error
+                if error is not None:
+                    log.debug("connection to the driver broke: %r", error)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.wait(tasks)
+
+    async def _receive(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        while True:
+            message = await ws.receive()
+            self._last_heard = time.monotonic()
+            if message.type == aiohttp.WSMsgType.PING:
+                await ws.pong(message.data)
+                continue
+            if message.type == aiohttp.WSMsgType.PONG:
+                continue
+            if message.type != aiohttp.WSMsgType.TEXT:
+                return  # closed or broken
+            try:
+                await self._handle(wire.decode(message.data))
+            except wire.BadMessage as exc:
+                log.warning("bad message from the driver: %s", exc)
+
+    async def _handle(self, message: wire.Message) -> None:
+        if isinstance(message, wire.Start):
+            if self._draining:
+                self._emit(wire.StartFailed(message.worker, "the agent is draining"))
+            else:
+                await self._workers.start(message)
+        elif isinstance(message, wire.Stop):
+            self._workers.stop(message.worker, message.grace)
+        elif isinstance(message, wire.End):
+            log.info("the job is over (exit code %d): stopping %d worker(s)", message.code,
+                     len(self._workers))
+            await self._stop_and_finish(0)
+
+    async def _send(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        while True:
+            while self._outbox:
+                message = self._outbox[0]
+                await ws.send_str(wire.encode(message))
+                self._outbox.popleft()
+                self._outbox_bytes -= _size(message)
+            self._wake_sender.clear()
+            await self._wake_sender.wait()
+
+    async def _ping(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT_S)
+            if time.monotonic() - self._last_heard > self.settings.driver_grace:
+                raise DriverGone
+            await ws.ping()
+
+    async def _watch_drain(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        """A draining agent says bye and exits 0 once its workers have left."""
+        while not self._drained():
+            await self._workers.changed.wait()
+            self._workers.changed.clear()
+        self._emit(wire.Bye())
+        with contextlib.suppress(Exception):
+            await within(self._flushed(), 2.0)
+        log.info("drained: every worker has left")
+        self._finish(0)
+
+    def _drained(self) -> bool:
+        return self._draining and len(self._workers) == 0
+
+    async def _flushed(self) -> None:
+        while self._outbox:
+            await asyncio.sleep(0.01)
+
+    def _emit(self, message: wire.Message) -> None:
+        """Queues a message for the driver; while it is away, old output makes room."""
+        self._outbox.append(message)
+        self._outbox_bytes += _size(message)
+        while self._outbox_bytes > OUTBOX_BYTES:
+            dropped = next((m for m in self._outbox if isinstance(m, wire.Output)), None)
+            if dropped is None:
+                break
+            self._outbox.remove(dropped)
+            self._outbox_bytes -= _size(dropped)
+        self._wake_sender.set()
+
+
+def _size(message: wire.Message) -> int:
+    return len(message.data) if isinstance(message, wire.Output) else 64

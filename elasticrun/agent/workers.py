@@ -1,0 +1,103 @@
+"""The workers one agent runs: local subprocesses that die with the agent (SIGKILL, the
+parent-death signal), whose output, start and exit become messages for the driver."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from elasticrun.agent import wire
+from elasticrun.errors import SpawnError
+from elasticrun.launch.base import launcher_env
+from elasticrun.launch.local import LocalProcess, start_local
+from elasticrun.timed import within
+
+log = logging.getLogger("elasticrun.agent")
+
+Emit = Callable[[wire.Message], None]
+
+
+@dataclass(eq=False)
+class RunningWorker:
+    id: str
+    process: LocalProcess
+    exit_code: int | None = None
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+
+class AgentWorkers:
+    """Starts, watches and stops workers; every event goes out through `emit`."""
+
+    def __init__(self, token: str, working_dir: Path | None, emit: Emit) -> None:
+        self._token = token
+        self._working_dir = working_dir
+        self._emit = emit
+        self._running: dict[str, RunningWorker] = {}
+        self._base_env = launcher_env(os.environ)  # the agent token stays with the agent
+        self.changed = asyncio.Event()  # a worker started or ended
+
+    def ids(self) -> list[str]:
+        return list(self._running)
+
+    def __len__(self) -> int:
+        return len(self._running)
+
+    async def start(self, message: wire.Start) -> None:
+        if message.worker in self._running:
+            return
+        try:
+            env = {**self._base_env, **wire.unseal(self._token, message.worker, message.env)}
+            cwd = self._working_dir or Path(message.cwd)
+            process = await start_local(message.command, env, cwd, signal.SIGKILL)
+        except (wire.BadMessage, SpawnError) as exc:
+            self._emit(wire.StartFailed(message.worker, str(exc)))
+            return
+        worker = RunningWorker(message.worker, process)
+        self._running[worker.id] = worker
+        loop = asyncio.get_running_loop()
+        worker.tasks = [loop.create_task(self._pump(worker, stream, reader)) for stream, reader
+                        in zip(wire.STREAMS, (process.stdout, process.stderr), strict=True)]
+        worker.tasks.append(loop.create_task(self._watch(worker)))
+        self._emit(wire.Started(worker.id, process.pid))
+        self.changed.set()
+
+    def stop(self, worker_id: str, grace: float) -> None:
+        worker = self._running.get(worker_id)
+        if worker is not None:
+            asyncio.get_running_loop().create_task(worker.process.stop(grace))
+
+    async def stop_all(self, grace: float) -> None:
+        """Stops every worker and waits (bounded by the grace and a few seconds) for them."""
+        workers = list(self._running.values())
+        await asyncio.gather(*(w.process.stop(grace) for w in workers), return_exceptions=True)
+        tasks = [task for w in workers for task in w.tasks]
+        if tasks:
+            await asyncio.wait(tasks, timeout=5.0)
+
+    async def _pump(self, worker: RunningWorker, stream: str,
+                    reader: asyncio.StreamReader) -> None:
+        while True:
+            try:
+                data = await reader.read(wire.MAX_OUTPUT_CHUNK)
+            except (OSError, ValueError):
+                data = b""
+            self._emit(wire.output_chunk(worker.id, stream, data))
+            if not data:
+                return
+
+    async def _watch(self, worker: RunningWorker) -> None:
+        code = await worker.process.wait()
+        pumps = worker.tasks[:2]
+        with contextlib.suppress(asyncio.TimeoutError):
+            await within(asyncio.gather(*pumps), 2.0)
+        worker.exit_code = code
+        del self._running[worker.id]
+        log.debug("worker %s exited with %d", worker.id, code)
+        self._emit(wire.Exited(worker.id, code))
+        self.changed.set()

@@ -1,0 +1,2 @@
+"""Starting worker processes: the Launcher protocol and its plugins (local subprocesses,
+SSH, Slurm's srun, elasticrun agents)."""

@@ -1,0 +1,61 @@
+"""The `agent` launcher: workers start on a host through the `elasticrun agent` connected for
+it (launch/agent_hub.py). A worker's environment is what elasticrun sets for it, sealed with
+the agent token, on top of the agent's own environment: a pod's or a Slurm step's
+environment stays its own, and the driver's never travels."""
+
+from __future__ import annotations
+
+import asyncio
+
+from elasticrun.agent import wire
+from elasticrun.errors import ConfigError, SpawnError
+from elasticrun.launch.agent_hub import AgentHub
+from elasticrun.launch.agent_process import AgentProcess
+from elasticrun.launch.base import WorkerSpec
+from elasticrun.launch.plugins import LaunchOptions, no_arg
+from elasticrun.timed import within
+
+START_ACK_S = 15.0  # how long an agent may take to say it started a worker
+
+
+class AgentLauncher:
+    def __init__(self, hub: AgentHub) -> None:
+        self._hub = hub
+
+    async def start(self, spec: WorkerSpec) -> AgentProcess:
+        link = self._hub.link(spec.host)
+        if link is None:
+            raise SpawnError(f"no elasticrun agent is connected for host {spec.host}")
+        if link.draining:
+            raise SpawnError(f"the agent for host {spec.host} is draining")
+        process = AgentProcess(spec.worker_id, link.send)
+        link.processes[spec.worker_id] = process
+        await link.send(wire.Start(spec.worker_id, spec.command, str(spec.cwd),
+                                   wire.seal(self._hub.token, spec.worker_id, spec.job_env)))
+        try:
+            error = await within(process.started, START_ACK_S)
+        except asyncio.TimeoutError:
+            link.processes.pop(spec.worker_id, None)
+            await link.send(wire.Stop(spec.worker_id, 0.0))  # in case it starts after all
+            process.lost()
+            raise SpawnError(f"the agent for host {spec.host} did not start the worker "
+                             f"within {START_ACK_S:g}s") from None
+        if error is not None:
+            raise SpawnError(f"host {spec.host}: {error}")
+        return process
+
+    def driver_address(self, host: str) -> str | None:
+        """The address the host's agent dialed: it reaches the driver, so its workers do."""
+        link = self._hub.link(host)
+        return link.local if link is not None else None
+
+    async def close(self) -> None:
+        return None  # the hub, the driver's, tells the agents the job is over
+
+
+def plugin(options: LaunchOptions) -> AgentLauncher:
+    no_arg(options, "agent")
+    if options.agents is None:
+        raise ConfigError("the agent launcher needs the job's agent token: "
+                          "--agent-token-file FILE or ELASTICRUN_AGENT_TOKEN")
+    return AgentLauncher(options.agents)

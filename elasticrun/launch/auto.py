@@ -1,0 +1,36 @@
+"""The default launcher: this machine's own names and loopback addresses run as local
+subprocesses, every other host is reached over SSH."""
+
+from __future__ import annotations
+
+from elasticrun.config import DriverConfig
+from elasticrun.launch.base import WorkerProcess, WorkerSpec, is_local_host, local_names
+from elasticrun.launch.local import LocalLauncher
+from elasticrun.launch.plugins import LaunchOptions, no_arg
+from elasticrun.launch.ssh import SSHLauncher, SSHSettings
+
+
+class AutoLauncher:
+    def __init__(self, config: DriverConfig) -> None:
+        self._config = config
+        self._local_names = local_names()
+        self._local = LocalLauncher()
+        self._ssh: SSHLauncher | None = None
+
+    async def start(self, spec: WorkerSpec) -> WorkerProcess:
+        if is_local_host(spec.host, self._local_names):
+            return await self._local.start(spec)
+        if self._ssh is None:  # only jobs with remote hosts load SSH keys and config
+            self._ssh = SSHLauncher(SSHSettings.from_config(self._config))
+        return await self._ssh.start(spec)
+
+    async def close(self) -> None:
+        if self._ssh is not None:
+            await self._ssh.close()
+
+
+
+
+def plugin(options: LaunchOptions) -> AutoLauncher:
+    no_arg(options, "auto")
+    return AutoLauncher(options.config)

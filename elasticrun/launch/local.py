@@ -1,0 +1,122 @@
+"""Local workers: subprocesses, each the leader of its own session and process group.
+
+If their parent (the driver, an agent, or srun's caller) is killed (SIGKILL: no chance to
+stop anyone), the kernel sends each of them SIGTERM (Linux's parent-death signal), so none
+outlives it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from elasticrun.errors import SpawnError
+from elasticrun.launch.base import WorkerSpec
+from elasticrun.launch.plugins import LaunchOptions, no_arg
+from elasticrun.timed import within
+
+OUTPUT_LIMIT = 1024 * 1024  # bytes a reader buffers before the pump drains it
+_PR_SET_PDEATHSIG = 1
+
+
+def _parent_death_signal() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl  # resolved here, not in the child
+    except (OSError, AttributeError):
+        return None
+
+
+_prctl = _parent_death_signal()
+
+
+def _die_with_parent(death_signal: int) -> Callable[[], None]:
+    def set_signal() -> None:
+        """Runs in the child between fork and exec: only a call into libc, no imports."""
+        if _prctl is not None:
+            _prctl(_PR_SET_PDEATHSIG, death_signal)
+    return set_signal
+
+
+class LocalProcess:
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self._proc = proc
+        assert proc.stdout is not None and proc.stderr is not None
+        self.stdout = proc.stdout
+        self.stderr = proc.stderr
+        self.pid = proc.pid
+
+    async def wait(self) -> int:
+        code = await self._proc.wait()
+        # Take down whatever the worker left behind in its group (dataloader workers, ...).
+        _signal_group(self.pid, signal.SIGKILL)
+        return code
+
+    async def stop(self, grace_period: float) -> None:
+        if self._proc.returncode is not None:
+            _signal_group(self.pid, signal.SIGKILL)
+            return
+        _signal_group(self.pid, signal.SIGTERM)
+        try:
+            await within(asyncio.shield(self._proc.wait()), grace_period)
+        except asyncio.TimeoutError:
+            pass
+        _signal_group(self.pid, signal.SIGKILL)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await within(asyncio.shield(self._proc.wait()), 5.0)
+
+
+async def start_local(command: Sequence[str], env: Mapping[str, str], cwd: Path,
+                      death_signal: int = signal.SIGTERM) -> LocalProcess:
+    """Starts `command` as a subprocess of this process, which gets `death_signal` when
+    this process dies; raises SpawnError (one line)."""
+    if not command:
+        raise SpawnError("no command to start")
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *command,
+            env=dict(env),
+            cwd=str(cwd),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=_die_with_parent(death_signal),
+            limit=OUTPUT_LIMIT,
+        )
+    except FileNotFoundError as exc:
+        if exc.filename == str(cwd):
+            raise SpawnError(f"cannot start {command[0]!r}: no directory {str(cwd)!r}") from None
+        raise SpawnError(f"cannot start {command[0]!r}: command not found") from None
+    except PermissionError:
+        raise SpawnError(f"cannot start {command[0]!r}: permission denied") from None
+    except OSError as exc:
+        raise SpawnError(f"cannot start {command[0]!r}: {exc.strerror}") from None
+    return LocalProcess(proc)
+
+
+class LocalLauncher:
+    """Workers as subprocesses of the driver, on this machine."""
+
+    async def start(self, spec: WorkerSpec) -> LocalProcess:
+        return await start_local(spec.command, spec.env, spec.cwd)
+
+    async def close(self) -> None:
+        return None
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def plugin(options: LaunchOptions) -> LocalLauncher:
+    no_arg(options, "local")
+    return LocalLauncher()

@@ -1,1 +1,0 @@
-"""Starting worker processes: locally as subprocesses, remotely over SSH."""
