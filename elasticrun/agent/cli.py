@@ -14,7 +14,7 @@ import click
 
 from elasticrun import protocol
 from elasticrun.agent.runner import Agent, AgentSettings
-from elasticrun.discovery.parsing import MAX_SLOTS_PER_HOST, parse_host_entry
+from elasticrun.discovery.parsing import MAX_SLOTS_PER_HOST, check_host
 from elasticrun.errors import ConfigError
 
 MIN_TOKEN_LENGTH = 16
@@ -48,12 +48,15 @@ def _positive(_ctx: click.Context, _param: click.Parameter, value: float) -> flo
 @click.option("--working-dir", type=click.Path(path_type=Path, file_okay=False),
               metavar="DIR", help="Directory workers run in [default: the driver's "
                                   "--working-dir].")
+@click.option("--ready-file", type=click.Path(path_type=Path, dir_okay=False), metavar="FILE",
+              help="A file that exists while the agent is connected to the driver (for a "
+                   "readiness probe).")
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"],
                                                case_sensitive=False),
               default="INFO", show_default=True)
 def agent_command(driver: str, token_file: Path | None, slots: int, host: str | None,
                   driver_grace: float, drain_timeout: float, stop_grace: float,
-                  working_dir: Path | None, log_level: str) -> None:
+                  working_dir: Path | None, ready_file: Path | None, log_level: str) -> None:
     """Runs this node's share of an elasticrun job: connects out to the driver (no sshd,
     no inbound port), registers HOST with SLOTS, and starts and stops workers when the
     driver says so. Exits 0 when the job ends or a drain (SIGTERM) completes; 1 when
@@ -67,7 +70,7 @@ def agent_command(driver: str, token_file: Path | None, slots: int, host: str | 
         driver=_check_url(driver), token=_read_token(token_file),
         host=_check_host(host or socket.gethostname()), slots=slots,
         driver_grace=driver_grace, stop_grace=stop_grace, drain_timeout=drain_timeout,
-        working_dir=working_dir.absolute() if working_dir else None)
+        working_dir=working_dir.absolute() if working_dir else None, ready_file=ready_file)
     _setup_logging(log_level.upper(), settings.host)
     sys.exit(asyncio.run(_run(settings)))
 
@@ -89,7 +92,7 @@ def _check_url(url: str) -> str:
 
 def _check_host(host: str) -> str:
     try:
-        return parse_host_entry(f"[{host}]" if ":" in host else host, 1)[0]
+        return check_host(host)
     except ValueError as exc:
         raise ConfigError(f"--host {host!r}: {exc}") from None
 

@@ -47,6 +47,7 @@ class AgentSettings:
     stop_grace: float = 5.0
     drain_timeout: float = 600.0
     working_dir: Path | None = None
+    ready_file: Path | None = None  # exists while connected (a Kubernetes readiness probe)
 
 
 class Refused(Exception):
@@ -94,8 +95,19 @@ class Agent:
             await self._workers.stop_all(self.settings.stop_grace)
             return 1
         finally:
+            self._set_ready(False)
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
+
+    def _set_ready(self, ready: bool) -> None:
+        path = self.settings.ready_file
+        if path is None:
+            return
+        with contextlib.suppress(OSError):
+            if ready:
+                path.write_text(f"{self.settings.driver}\n")
+            else:
+                path.unlink(missing_ok=True)
 
     def _life_ended(self, life: asyncio.Future[None]) -> None:
         """The connection loop ends only by raising (Refused, DriverGone, a bug)."""
@@ -144,6 +156,7 @@ class Agent:
             attempt = 0
             async with ws:
                 await self._session(ws)
+            self._set_ready(False)
             if self._drained():
                 self._finish(0)  # the driver hung up after the bye
                 return
@@ -166,10 +179,10 @@ class Agent:
                 autoping=False, max_msg_size=wire.MAX_MESSAGE_BYTES,
                 timeout=aiohttp.ClientWSTimeout(ws_close=2.0))
         except aiohttp.WSServerHandshakeError as exc:
+            reason = (exc.headers or {}).get(wire.REFUSED_HEADER) or exc.message
             if exc.status == 401:
-                raise Refused(f"{exc.message or 'unauthorized'} (is --token-file the job's "
-                              f"agent token?)") from None
-            raise
+                raise Refused(f"{reason} (is --token-file the job's agent token?)") from None
+            raise aiohttp.ClientError(f"{reason} ({exc.status})") from None
         # Workers that ended while the driver was away count too: their exits are queued.
         known = self._workers.ids() + [m.worker for m in self._outbox
                                        if isinstance(m, wire.Exited)]
@@ -184,6 +197,7 @@ class Agent:
             await ws.close()
             raise aiohttp.ClientError("no welcome from the driver")
         self._last_heard = time.monotonic()
+        self._set_ready(True)
         log.info("connected to the driver at %s (job %s) as host %s with %d slot(s)",
                  self.settings.driver, message.job, self.settings.host, self.settings.slots)
         for worker in message.stop:

@@ -26,9 +26,10 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from elasticrun.discovery.parsing import parse_host_entry
+from elasticrun.discovery.parsing import MAX_SLOTS_PER_HOST, check_host
 
 PATH = "/v1/agent"
+REFUSED_HEADER = "X-Elasticrun-Refused"  # why an agent's connection was refused
 VERSION = 1
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 MAX_OUTPUT_CHUNK = 64 * 1024  # bytes of worker output in one message
@@ -195,13 +196,13 @@ def _validate(message: Message) -> None:
     if worker is not None and not 0 < len(worker) <= MAX_ID:
         raise BadMessage(f"{message.TYPE}: 'worker' must be 1..{MAX_ID} characters")
     if isinstance(message, Hello):
-        host = f"[{message.host}]" if ":" in message.host else message.host
         try:
-            _, slots = parse_host_entry(f"{host}:{message.slots}", 1)
+            check_host(message.host)
         except ValueError as exc:
             raise BadMessage(f"hello: host {message.host[:60]!r}: {exc}") from None
-        if slots < 1:
-            raise BadMessage("hello: 'slots' must be at least 1")
+        if not 1 <= message.slots <= MAX_SLOTS_PER_HOST:
+            raise BadMessage(f"hello: 'slots' must be at least 1 and at most "
+                             f"{MAX_SLOTS_PER_HOST}")
         if not 0 < len(message.agent) <= MAX_ID or len(message.workers) > 4096:
             raise BadMessage("hello: bad 'agent' or 'workers'")
     elif isinstance(message, Start) and not message.command:

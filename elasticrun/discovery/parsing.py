@@ -94,6 +94,11 @@ def parse_host_entry(entry: str, default_slots: int) -> tuple[str, int]:
     return _check_host(host), slots
 
 
+def check_host(host: str) -> str:
+    """A host name, IPv4 or IPv6 address (without brackets), normalized; else ValueError."""
+    return _check_ip6(host) if ":" in host else _check_host(host)
+
+
 def _parse_slots(text: str) -> int:
     if not re.fullmatch(r"[0-9]+", text):
         raise ValueError(f"slots must be a whole number >= 0, got {_shorten(text)!r}")

@@ -99,9 +99,9 @@ class AgentHub:
         if reason is not None:
             log.warning("refused an agent connection from %s: %s (is its --token-file the "
                         "job's agent token?)", request.remote, reason)
-            return web.json_response({"error": f"agent token: {reason}"}, status=401)
+            return _refusal(401, f"agent token: {reason}")
         if self._closing:
-            return web.json_response({"error": "the job is ending"}, status=503)
+            return _refusal(503, "the job is ending")
         ws = web.WebSocketResponse(heartbeat=HEARTBEAT_S, max_msg_size=wire.MAX_MESSAGE_BYTES)
         await ws.prepare(request)
         link = await self._greet(request, ws)
@@ -205,3 +205,9 @@ class AgentHub:
         link.processes.clear()
         if not self._closing:
             self.on_change()
+
+
+def _refusal(status: int, reason: str) -> web.Response:
+    """The reason rides in a header too: a WebSocket client sees headers, not bodies."""
+    return web.json_response({"error": reason}, status=status,
+                             headers={wire.REFUSED_HEADER: reason})

@@ -32,13 +32,14 @@ SSH_PORT = 22
 IFNAME = "eth0"  # the host-side veth end, in every namespace
 
 
-def unavailable() -> str | None:
-    """Why the cluster cannot be built here; None if it can."""
+def unavailable(sshd: bool = True) -> str | None:
+    """Why the cluster (with an sshd per host, or without) cannot be built here; None if it
+    can."""
     if os.geteuid() != 0:
         return "network namespaces and a test sshd need root"
-    if not SSHD.exists():
+    if sshd and not SSHD.exists():
         return f"{SSHD} is not installed (apt-get install openssh-server)"
-    for tool in ("ip", "ssh-keygen", "ss"):
+    for tool in ("ip", "ssh-keygen", "ss") if sshd else ("ip",):
         if shutil.which(tool) is None:
             return f"{tool} is not installed"
     probe = f"er-probe-{uuid.uuid4().hex[:6]}"
@@ -95,26 +96,28 @@ class Cluster:
     # --- building and tearing down ----------------------------------------------------------
 
     @classmethod
-    def create(cls, root: Path, n_hosts: int = 3) -> Cluster:
+    def create(cls, root: Path, n_hosts: int = 3, sshd: bool = True) -> Cluster:
+        """`sshd`: a real sshd in each host (the SSH tests); without, bare hosts (agents)."""
         suffix = uuid.uuid4().hex[:6]
         cluster = cls(root=root, suffix=suffix, switch=f"er-{suffix}-sw",
                       launcher=f"er-{suffix}-l")
         try:
-            cluster._build(n_hosts)
+            cluster._build(n_hosts, sshd)
         except BaseException:
             cluster.destroy()
             raise
         return cluster
 
-    def _build(self, n_hosts: int) -> None:
+    def _build(self, n_hosts: int, sshd: bool) -> None:
         ip("netns", "add", self.switch)
         ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
         ip("-n", self.switch, "link", "set", "br0", "up")
         self._plug(self.launcher, "vl", LAUNCHER_IP)
-        self.client_key = self.root / "client_key"
-        client_pub = keygen(self.client_key)
-        (self.root / "authorized_keys").write_text(client_pub + "\n")
-        Path("/run/sshd").mkdir(mode=0o755, parents=True, exist_ok=True)
+        if sshd:
+            self.client_key = self.root / "client_key"
+            client_pub = keygen(self.client_key)
+            (self.root / "authorized_keys").write_text(client_pub + "\n")
+            Path("/run/sshd").mkdir(mode=0o755, parents=True, exist_ok=True)
         for i in range(1, n_hosts + 1):
             ns = f"er-{self.suffix}-h{i}"
             addr = f"{SUBNET}.{10 + i}"
@@ -122,11 +125,13 @@ class Cluster:
             host_root = self.root / f"h{i}"
             host_root.mkdir()
             host = Host(ns=ns, addr=addr, root=host_root,
-                        host_key_pub=keygen(host_root / "host_key"))
+                        host_key_pub=keygen(host_root / "host_key") if sshd else "")
             self.hosts.append(host)
-            self._write_sshd_config(host)
-            self.start_sshd(host)
-        self.home = self.make_home(self.root / "home")
+            if sshd:
+                self._write_sshd_config(host)
+                self.start_sshd(host)
+        if sshd:
+            self.home = self.make_home(self.root / "home")
 
     def _plug(self, ns: str, switch_end: str, addr: str) -> None:
         """A new namespace `ns` with eth0 at `addr`, its peer on the bridge."""

@@ -1,0 +1,91 @@
+"""Agents on loopback (hosts a1, a2 are names, not machines): the job grows as agents join
+and ends them; a wrong token changes nothing; a driver that stops answering for less than
+the agents' grace loses nothing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.agents.harness import TRAIN, AgentJob, train_env
+from tests.integration.progress import check_job
+
+COMMON = ["--start-timeout", "60", "--discovery-interval", "0.2"]
+
+
+@pytest.fixture
+def jobs() -> Iterator[list[AgentJob]]:
+    started: list[AgentJob] = []
+    yield started
+    for job in started:
+        job.kill_all()
+
+
+def test_agents_join_the_job_grows_and_they_exit_0_at_its_end(
+        tmp_path: Path, jobs: list[AgentJob]) -> None:
+    env = train_env(tmp_path / "logs", tmp_path / "progress", epochs=4, slow_below=3)
+    job = AgentJob(tmp_path, ["--min-np", "2", "--max-np", "3", *COMMON, *TRAIN], env)
+    jobs.append(job)
+    job.start_agent("a1", 2)
+    job.wait_until("step 2 at size 2", lambda: job.step() >= (2, 2))
+    job.start_agent("a2", 1)
+    result = job.finish()
+    views = check_job(result.records, samples=64, epochs=4)
+    assert [v.size for v in views] == [2, 3]
+    assert set(views[-1].hosts_by_rank.values()) == {"a1", "a2"}
+    assert set(views[0].ranks_by_pid) <= set(views[1].ranks_by_pid)  # kept their processes
+    assert not result.events("restore")
+    for host in ("a1", "a2"):
+        assert job.wait_agent(host) == 0, job.agent_log(host)
+        assert "the job is over (exit code 0)" in job.agent_log(host)
+    assert "agent joined: host a2 with 1 slot(s)" in result.stderr
+    job.close()
+
+
+def test_a_wrong_token_is_refused_in_one_line_and_nothing_changes(
+        tmp_path: Path, jobs: list[AgentJob]) -> None:
+    env = train_env(tmp_path / "logs", tmp_path / "progress")
+    job = AgentJob(tmp_path, ["--min-np", "1", *COMMON, *TRAIN], env)
+    jobs.append(job)
+    wrong = tmp_path / "wrong"
+    wrong.write_text("not-the-token-0123456789abcdef\n")
+    impostor = job.start_agent("evil", 4, token_file=wrong)
+    assert job.wait_agent("evil") == 2
+    lines = job.agent_log("evil").strip().splitlines()
+    assert lines[-1] == (f"elasticrun agent evil: error: the driver at {job.url} refused this "
+                         f"agent: agent token: bad signature (is --token-file the job's agent "
+                         f"token?)"), lines
+    assert impostor.returncode == 2
+    assert job.status()["hosts"] == []  # nothing joined
+    job.start_agent("a1", 1)
+    result = job.finish()
+    assert [v.size for v in check_job(result.records, samples=64, epochs=3)] == [1]
+    assert "refused an agent connection from 127.0.0.1: bad signature" in result.stderr
+    job.close()
+
+
+def test_a_driver_silent_for_less_than_the_grace_loses_nothing(
+        tmp_path: Path, jobs: list[AgentJob]) -> None:
+    env = train_env(tmp_path / "logs", tmp_path / "progress", epochs=6, sleep=0.05)
+    job = AgentJob(tmp_path, ["--min-np", "2", *COMMON, *TRAIN], env)
+    jobs.append(job)
+    for host in ("a1", "a2"):
+        job.start_agent(host, 1, extra=["--driver-grace", "15"])
+    job.wait_until("step 3", lambda: job.step()[0] >= 3)
+    pids = sorted(job.workers_on("a1") + job.workers_on("a2"))
+    os.kill(job.proc.pid, signal.SIGSTOP)  # the driver neither answers nor hangs up
+    time.sleep(4.0)  # more than the agents' heartbeat, less than their grace
+    os.kill(job.proc.pid, signal.SIGCONT)
+    result = job.finish()
+    views = check_job(result.records, samples=64, epochs=6)
+    assert [v.size for v in views] == [2], "a round was lost"
+    assert not result.events("restore")
+    assert sorted(views[0].ranks_by_pid) == pids
+    for host in ("a1", "a2"):
+        assert job.wait_agent(host) == 0, job.agent_log(host)
+    job.close()
