@@ -21,6 +21,9 @@ gpu         (on a GPU machine) recovery over NCCL with its breakdown, throughput
             DDP over NCCL, and commits kept on the device or in pinned host memory.
 timeline    the same 2-worker elastic job with --timeline-filename and without: step time
             and the timeline's overhead in percent.
+launchers   the same job through the local, SSH and agent launchers: host added -> first
+            step at the new size, kill -> first step after (SSH and agents on hosts in
+            network namespaces, as root).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ BENCHMARKS = {
     "gloo": "gloo_build",
     "timeline": "timeline_overhead",
     "gpu": "gpu",
+    "launchers": "launchers",
 }
 
 
