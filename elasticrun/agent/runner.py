@@ -179,7 +179,8 @@ class Agent:
                 autoping=False, max_msg_size=wire.MAX_MESSAGE_BYTES,
                 timeout=aiohttp.ClientWSTimeout(ws_close=2.0))
         except aiohttp.WSServerHandshakeError as exc:
-            reason = (exc.headers or {}).get(wire.REFUSED_HEADER) or exc.message
+            reason = (exc.headers.get(wire.REFUSED_HEADER) if exc.headers else None) \
+                or exc.message
             if exc.status == 401:
                 raise Refused(f"{reason} (is --token-file the job's agent token?)") from None
             raise aiohttp.ClientError(f"{reason} ({exc.status})") from None

@@ -53,6 +53,10 @@ class LocalProcess:
         self.stderr = proc.stderr
         self.pid = proc.pid
 
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.returncode
+
     async def wait(self) -> int:
         code = await self._proc.wait()
         # Take down whatever the worker left behind in its group (dataloader workers, ...).
