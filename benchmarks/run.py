@@ -24,6 +24,8 @@ timeline    the same 2-worker elastic job with --timeline-filename and without: 
 launchers   the same job through the local, SSH and agent launchers: host added -> first
             step at the new size, kill -> first step after (SSH and agents on hosts in
             network namespaces, as root).
+slurm       on a real Slurm cluster in network namespaces (root): workers started with srun
+            one step each (--launcher slurm) against agents started by srun, one per node.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ BENCHMARKS = {
     "timeline": "timeline_overhead",
     "gpu": "gpu",
     "launchers": "launchers",
+    "slurm": "slurm_launch",
 }
 
 

@@ -19,13 +19,15 @@ START_ACK_S = 15.0  # how long an agent may take to say it started a worker
 
 
 class AgentLauncher:
-    def __init__(self, hub: AgentHub) -> None:
+    def __init__(self, hub: AgentHub, connect_timeout: float) -> None:
         self._hub = hub
+        self._connect_timeout = connect_timeout
 
     async def start(self, spec: WorkerSpec) -> AgentProcess:
-        link = self._hub.link(spec.host)
+        link = await self._hub.wait_for(spec.host, self._connect_timeout)
         if link is None:
-            raise SpawnError(f"no elasticrun agent is connected for host {spec.host}")
+            raise SpawnError(f"no elasticrun agent connected for host {spec.host} within "
+                             f"{self._connect_timeout:g}s")
         if link.draining:
             raise SpawnError(f"the agent for host {spec.host} is draining")
         process = AgentProcess(spec.worker_id, link.send)
@@ -58,4 +60,6 @@ def plugin(options: LaunchOptions) -> AgentLauncher:
     if options.agents is None:
         raise ConfigError("the agent launcher needs the job's agent token: "
                           "--agent-token-file FILE or ELASTICRUN_AGENT_TOKEN")
-    return AgentLauncher(options.agents)
+    # Hosts from the agents are connected by definition; those from another source (Slurm,
+    # a script) may take a moment to have theirs: as long as a worker may take to check in.
+    return AgentLauncher(options.agents, options.config.start_timeout)

@@ -65,6 +65,7 @@ class AgentHub:
         self._guard = protocol.SignatureGuard(token)
         self._links: dict[str, AgentLink] = {}
         self._closing = False
+        self._joined = asyncio.Event()  # set (and replaced) whenever an agent joins
         self.on_change: Callable[[], None] = lambda: None  # hosts came or went
         self.on_drain: Callable[[str], None] = lambda host: None
 
@@ -77,6 +78,19 @@ class AgentHub:
 
     def link(self, host: str) -> AgentLink | None:
         return self._links.get(host)
+
+    async def wait_for(self, host: str, timeout: float) -> AgentLink | None:
+        """The agent of `host`, waiting up to `timeout` for it to connect (hosts may come
+        from another source than the agents, e.g. Slurm, and be listed before their agents
+        are up)."""
+        deadline = time.monotonic() + timeout
+        while (link := self._links.get(host)) is None and not self._closing:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            with contextlib.suppress(asyncio.TimeoutError):
+                await within(self._joined.wait(), left)
+        return link
 
     async def close(self, code: int) -> None:
         """The job is over: every agent is told so, and gets a moment to hang up."""
@@ -143,6 +157,8 @@ class AgentHub:
                          str(sockname[0]) if sockname else "127.0.0.1")
         unknown = self._take_over(old, link)
         self._links[hello.host] = link
+        self._joined.set()
+        self._joined = asyncio.Event()
         if hello.draining:
             self._drain(link)  # before the host is seen: nothing starts there any more
         await link.send(wire.Welcome(self.job_id, tuple(unknown)))
