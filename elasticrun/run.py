@@ -65,6 +65,8 @@ def run(
     output_filename: str | os.PathLike[str] | None = None,
     prefix_output_with_timestamp: bool = False,
     port: int = 0,
+    launcher: str = "auto",
+    agent_token_file: str | os.PathLike[str] | None = None,
     env: Mapping[str, str] | None = None,
     executable: str | None = None,
     log_level: str = "INFO",
@@ -91,7 +93,8 @@ def run(
     calls `elasticrun.torch.init()` first, so `func` may use elasticrun.torch's collectives
     and `elastic.run`. The other arguments are the CLI's flags (see `elasticrun --help`):
     `np`, `min_np`, `max_np`, `hosts` ("node1:2,node2:2" or a list), `hostfile`,
-    `discovery` (a host discovery script), `slots`, the timeouts, ... `env` adds to the
+    `discovery` (a host discovery script), `slots`, the timeouts, `launcher` (and with
+    agents `agent_token_file` and `port`), ... `env` adds to the
     workers' environment; `executable` is the Python that runs them [default: this one].
 
     Raises JobFailedError when the job fails (its message names the first failing rank,
@@ -157,7 +160,9 @@ def job_settings(func: object, args: object, kwargs: object,
             ssh_accept_new_host_keys=bool(opts["ssh_accept_new_host_keys"]),
             remote_python=_text(opts, "remote_python"),
             working_dir=_path(opts, "working_dir"), port=opts["port"],
-            driver_timeout=opts["driver_timeout"], backend=_text(opts, "backend") or "auto")
+            driver_timeout=opts["driver_timeout"], backend=_text(opts, "backend") or "auto",
+            launcher=_text(opts, "launcher") or "auto",
+            agent_token_file=_path(opts, "agent_token_file"))
     except ConfigError as exc:
         raise ConfigError(python_names(str(exc))) from None
     return JobSettings(config, _env(opts["env"]), _log_level(opts))

@@ -109,3 +109,12 @@ def test_gpu() -> None:
     assert sum(recovery[k] for k in phases) == pytest.approx(recovery["resume_s"])
     assert all(rate > 0 for rate in result["throughput"]["steps_per_s"].values())
     assert result["commit"]["device"]["restore_ms"] > 0
+
+
+def test_launchers() -> None:
+    out, result = run_quick("launchers")
+    assert "launchers:" in out and result["where"] == "loopback"
+    assert set(result["median"]) == {"local", "agent"}
+    for numbers in result["median"].values():
+        assert 0 < numbers["launch_s"] < numbers["grow_s"] < 120
+        assert 0 < numbers["resume_s"] < 60
