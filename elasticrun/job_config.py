@@ -89,9 +89,9 @@ def build_config(
     elif no_source:
         static_hosts = (("localhost", np),)
     elastic = min_np is not None or discovery_script is not None or discovery is not None
-    token = _read_secret(webhook_token_file, protocol.ENV_WEBHOOK_TOKEN, "--webhook-token-file")
-    key = _read_secret(event_secret_file, protocol.ENV_EVENT_SECRET, "--event-secret-file")
-    agent_token = _read_secret(agent_token_file, protocol.ENV_AGENT_TOKEN,
+    token = read_secret(webhook_token_file, protocol.ENV_WEBHOOK_TOKEN, "--webhook-token-file")
+    key = read_secret(event_secret_file, protocol.ENV_EVENT_SECRET, "--event-secret-file")
+    agent_token = read_secret(agent_token_file, protocol.ENV_AGENT_TOKEN,
                                "--agent-token-file")
     for name, value in (("webhook", token), ("agent", agent_token)):
         if value is not None and len(value) < MIN_TOKEN_LENGTH:
@@ -144,7 +144,7 @@ def build_config(
     return config
 
 
-def _read_secret(path: Path | None, env_name: str, flag: str) -> str | None:
+def read_secret(path: Path | None, env_name: str, flag: str) -> str | None:
     if path is not None:
         try:
             value = path.read_text().strip()

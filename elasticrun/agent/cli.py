@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import socket
 import sys
 import urllib.parse
@@ -16,8 +15,7 @@ from elasticrun import protocol
 from elasticrun.agent.runner import Agent, AgentSettings
 from elasticrun.discovery.parsing import MAX_SLOTS_PER_HOST, check_host
 from elasticrun.errors import ConfigError
-
-MIN_TOKEN_LENGTH = 16
+from elasticrun.job_config import MIN_TOKEN_LENGTH, read_secret
 
 
 def _positive(_ctx: click.Context, _param: click.Parameter, value: float) -> float:
@@ -98,15 +96,8 @@ def _check_host(host: str) -> str:
 
 
 def _read_token(path: Path | None) -> str:
-    if path is not None:
-        try:
-            token = path.read_text().strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            reason = getattr(exc, "strerror", None) or "not UTF-8 text"
-            raise ConfigError(f"--token-file {path}: cannot read: {reason}") from None
-    else:
-        token = os.environ.get(protocol.ENV_AGENT_TOKEN, "").strip()
-    if not token:
+    token = read_secret(path, protocol.ENV_AGENT_TOKEN, "--token-file")
+    if token is None:
         raise ConfigError("no agent token: give --token-file FILE or set "
                           f"{protocol.ENV_AGENT_TOKEN}")
     if len(token) < MIN_TOKEN_LENGTH:

@@ -25,6 +25,7 @@ from tests.integration.harness import (
     SCRIPTS,
     JobResult,
     assert_no_orphans,
+    env_of,
     job_env,
     read_records,
     tagged_pids,
@@ -97,7 +98,7 @@ class AgentJob:
 
     def workers_on(self, host: str) -> list[int]:
         return [pid for pid in tagged_pids(self.tag)
-                if _env_of(pid).get("ELASTICRUN_HOSTNAME") == host]
+                if env_of(pid).get("ELASTICRUN_HOSTNAME") == host]
 
     # --- the job ----------------------------------------------------------------------------
     def step(self) -> tuple[int, int]:
@@ -160,12 +161,3 @@ class AgentJob:
             assert_no_orphans(self.tag, within=within)
         finally:
             self.kill_all()
-
-
-def _env_of(pid: int) -> dict[str, str]:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
-    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}

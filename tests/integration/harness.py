@@ -79,6 +79,16 @@ def assert_no_orphans(tag: str, within: float = 5.0) -> None:
         time.sleep(0.1)
 
 
+def env_of(pid: int) -> dict[str, str]:
+    """A process's environment (as it started), {} when it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
+
+
 def is_zombie(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"

@@ -24,6 +24,7 @@ from tests.integration.harness import (
     SCRIPTS,
     JobResult,
     assert_no_orphans,
+    env_of,
     job_env,
     read_records,
     tagged_pids,
@@ -134,15 +135,6 @@ def wait_for_step(progress: Path, step: int, proc: subprocess.Popen[str],
 def assert_ok(result: JobResult) -> None:
     assert result.returncode == 0, \
         f"job failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
-
-
-def env_of(pid: int) -> dict[str, str]:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
-    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
 
 
 def workers_on(tag: str, host: str) -> list[int]:
