@@ -74,10 +74,13 @@ if state["phase"] >= 1:
     # Survivors kept their processes: the 127.0.0.1 workers of round 2 are those of round 3.
     assert set(views[1].ranks_by_pid) >= set(views[2].ranks_by_pid)
     # The new workers were started while training went on at world size 2 (not after it
-    # stopped for them): each started before the last step of the smaller world.
+    # stopped for them): each process started before the smaller world began its last step.
+    # (Its "batch" record: a step that sees the host-change vote stops inside the
+    # optimizer's step, before its "step" record; and the interrupt may come at the commit
+    # that ends an epoch, after the last step.)
     newcomers = set(views[1].ranks_by_pid) - set(views[0].ranks_by_pid)
-    started = {r["pid"]: r["time"] for r in result.events("start") if r["pid"] in newcomers}
-    last_small_step = max(r["time"] for r in result.events("step") if r["round"] == 1)
+    started = {r["pid"]: r["at"] for r in result.events("start") if r["pid"] in newcomers}
+    last_small_step = max(r["time"] for r in result.events("batch") if r["round"] == 1)
     assert len(started) == 2 and max(started.values()) < last_small_step
 
 

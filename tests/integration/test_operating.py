@@ -176,7 +176,7 @@ def test_unknown_plugin_is_one_line(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert err.strip().splitlines() == [
         "elasticrun: error: --discovery: no discovery plugin named 'nosuchplugin' "
-        "(installed: hostfile, script, static, webhook)"]
+        "(installed: agents, hostfile, script, slurm, static, webhook)"]
     assert_no_orphans(tag)
 
 

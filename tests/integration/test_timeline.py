@@ -57,13 +57,14 @@ def named(events: list[Event], pid: int, name: str) -> list[Event]:
 
 def test_flag_trace_shows_every_lane_and_a_recovery_in_order(tmp_path: Path) -> None:
     """Two workers on two hosts with --timeline-filename; the one on 127.0.0.1 is SIGKILLed
-    at step 7 (after its events of several steps went out), the other goes on alone."""
+    at step 13 (after its events of several steps went out: they leave every 0.5 s), the
+    other goes on alone."""
     trace = tmp_path / "timeline.json"
     result = run_job(["-H", "localhost:1,127.0.0.1:1", "--min-np", "1",
                       "--timeline-filename", str(trace), "--timeline-mark-cycles",
                       *COMMON, *TRAIN],
-                     {"TRAIN_SAMPLES": "64", "TRAIN_EPOCHS": "1", "TRAIN_BATCH": "4",
-                      "TRAIN_STEP_SLEEP": "0.1", "FAULTS": "7:1:sigkill"},
+                     {"TRAIN_SAMPLES": "64", "TRAIN_EPOCHS": "2", "TRAIN_BATCH": "4",
+                      "TRAIN_STEP_SLEEP": "0.1", "FAULTS": "13:1:sigkill"},
                      log_dir=tmp_path / "logs")
     assert_ok(result)
     events = load(trace)

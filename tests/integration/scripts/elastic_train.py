@@ -26,11 +26,13 @@ import signal
 import sys
 import time
 
-import torch
-import torch.nn.functional as F
-from torch.utils.data import DataLoader, TensorDataset
+STARTED = time.time()  # the process's start, before torch's import (the "start" record's "at")
 
-import elasticrun.torch as er
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+import elasticrun.torch as er  # noqa: E402
 
 EPOCHS = int(os.environ.get("TRAIN_EPOCHS", "3"))
 SAMPLES = int(os.environ.get("TRAIN_SAMPLES", "64"))
@@ -92,7 +94,7 @@ class LoggedState(er.elastic.TorchState):
 
 
 def main() -> None:
-    log("start")
+    log("start", at=STARTED)
     er.init()
     from elasticrun.torch import runtime
 
