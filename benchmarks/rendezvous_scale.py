@@ -14,6 +14,10 @@ store   what follows in a real job: each worker sets its own key under round 1's
         and gets (long-polls) another member's. Time from the first request to the last
         reply, and requests per second.
 
+floor   the same joins against a bare aiohttp server (scripts/aiohttp_floor_server.py) that
+        only reads each body and holds it until the last arrives: aiohttp's and asyncio's
+        own cost, which no aiohttp server can go below.
+
 Every reply is checked: all "run" in round 1, worker wI at rank I (so ranks 0..N-1 are
 distinct), every get the value its owner set. Also reported: the CPU seconds the server
 spent in each phase, which (unlike the wall times) the other work on a shared machine does
@@ -32,6 +36,7 @@ import socket
 import struct
 import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 from benchlib import PYTHON, SCRIPTS, bench_env, print_table, summarize
@@ -39,6 +44,7 @@ from benchlib import PYTHON, SCRIPTS, bench_env, print_table, summarize
 from elasticrun import protocol
 
 SERVER = SCRIPTS / "rendezvous_server.py"
+FLOOR = SCRIPTS / "aiohttp_floor_server.py"  # a bare aiohttp barrier: the floor
 SIZES = [64, 256, 1024, 4096, 16384]
 QUICK_SIZES = [64]
 STORE_KEY = protocol.round_prefix(1) + "bench/"
@@ -212,8 +218,8 @@ def _b64(text: str) -> str:
 class Server:
     """scripts/rendezvous_server.py in its own process, round 1 open for N workers."""
 
-    def __init__(self, workers: int, secret: str) -> None:
-        self._proc = subprocess.Popen([PYTHON, str(SERVER), str(workers)],
+    def __init__(self, workers: int, secret: str, script: Path = SERVER) -> None:
+        self._proc = subprocess.Popen([PYTHON, str(script), str(workers)],
                                       env=bench_env({protocol.ENV_SECRET: secret}),
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         line = self._read()
@@ -241,7 +247,8 @@ class Server:
             raise RuntimeError(f"the rendezvous server failed (exit {self._proc.returncode})")
 
 
-async def run_clients(workers: int, server: Server, secret: str) -> dict[str, float]:
+async def run_clients(workers: int, server: Server, secret: str, store: bool = True
+                      ) -> dict[str, float]:
     fleet = [Worker(i, workers, server.port, secret) for i in range(workers)]
     try:
         server.cpu_since_last()
@@ -250,6 +257,9 @@ async def run_clients(workers: int, server: Server, secret: str) -> dict[str, fl
         round_s, client_round_s = time.perf_counter() - start, time.process_time() - cpu
         round_cpu_s = server.cpu_since_last()
         joins = sum(w.requests for w in fleet)
+        if not store:
+            return {"round_s": round_s, "server_cpu_round_s": round_cpu_s,
+                    "client_cpu_round_s": client_round_s}
         start, cpu = time.perf_counter(), time.process_time()
         await asyncio.wait_for(asyncio.gather(*(w.store() for w in fleet)), PHASE_TIMEOUT_S)
         store_s, client_store_s = time.perf_counter() - start, time.process_time() - cpu
@@ -269,9 +279,15 @@ def trial(workers: int) -> dict[str, float]:
     secret = protocol.new_secret()
     server = Server(workers, secret)
     try:
-        return asyncio.run(run_clients(workers, server, secret))
+        result = asyncio.run(run_clients(workers, server, secret))
     finally:
         server.close()
+    floor = Server(workers, secret, FLOOR)
+    try:
+        bare = asyncio.run(run_clients(workers, floor, secret, store=False))
+    finally:
+        floor.close()
+    return {**result, **{f"floor_{name}": value for name, value in bare.items()}}
 
 
 def bench(trials: int, quick: bool) -> dict[str, Any]:
@@ -283,10 +299,13 @@ def bench(trials: int, quick: bool) -> dict[str, Any]:
         runs = [trial(workers) for _ in range(trials)]
         median = summarize(runs)
         table[str(workers)] = {"trials": runs, "median": median}
-        rows.append([workers, median["round_s"], median["join_req_per_s"], median["store_s"],
-                     median["store_req_per_s"], median["server_cpu_round_s"],
+        rows.append([workers, median["round_s"], median["floor_round_s"],
+                     median["round_s"] / median["floor_round_s"], median["join_req_per_s"],
+                     median["store_s"], median["store_req_per_s"],
+                     median["server_cpu_round_s"], median["floor_server_cpu_round_s"],
                      median["server_cpu_store_s"]])
-    print_table(f"rendezvous: N workers join round 1, then set + get a key; median of {trials}",
-                ["N", "round s", "join req/s", "store s", "store req/s", "srv cpu round s",
-                 "srv cpu store s"], rows)
+    print_table(f"rendezvous: N workers join round 1, then set + get a key; median of {trials}"
+                f" (floor: a bare aiohttp server holding the same joins)",
+                ["N", "round s", "floor s", "x floor", "join req/s", "store s", "store req/s",
+                 "srv cpu round s", "floor cpu s", "srv cpu store s"], rows)
     return table
