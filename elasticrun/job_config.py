@@ -7,7 +7,6 @@ Every check of a value the user gave is here, and fails as one ConfigError line 
 from __future__ import annotations
 
 import ipaddress
-import os
 import urllib.parse
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,8 +21,8 @@ from elasticrun.launch.agent_hub import AgentHub
 from elasticrun.launch.base import Launcher
 from elasticrun.launch.plugins import DEFAULT as DEFAULT_LAUNCHER
 from elasticrun.launch.plugins import launcher_name, load_launcher
+from elasticrun.tokens import MIN_TOKEN_LENGTH, read_secret
 
-MIN_TOKEN_LENGTH = 16
 # A launcher given without a host source brings its own: agents are found by connecting,
 # a Slurm job's hosts are its allocation's nodes.
 IMPLIED_DISCOVERY = {"agent": "agents", "slurm": "slurm"}
@@ -142,20 +141,6 @@ def build_config(
         # Agents connect from wherever they run (every request is authenticated).
         config = replace(config, bind=("0.0.0.0",))
     return config
-
-
-def read_secret(path: Path | None, env_name: str, flag: str) -> str | None:
-    if path is not None:
-        try:
-            value = path.read_text().strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            reason = getattr(exc, "strerror", None) or "not UTF-8 text"
-            raise ConfigError(f"{flag} {path}: cannot read: {reason}") from None
-        if not value:
-            raise ConfigError(f"{flag} {path}: the file is empty")
-        return value
-    value = os.environ.get(env_name, "").strip()
-    return value or None
 
 
 def _check_bind(address: str) -> str:

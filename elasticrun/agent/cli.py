@@ -15,7 +15,7 @@ from elasticrun import protocol
 from elasticrun.agent.runner import Agent, AgentSettings
 from elasticrun.discovery.parsing import MAX_SLOTS_PER_HOST, check_host
 from elasticrun.errors import ConfigError
-from elasticrun.job_config import MIN_TOKEN_LENGTH, read_secret
+from elasticrun.tokens import MIN_TOKEN_LENGTH, read_secret
 
 
 def _positive(_ctx: click.Context, _param: click.Parameter, value: float) -> float:

@@ -25,8 +25,8 @@ from pathlib import Path
 import aiohttp
 
 from elasticrun import protocol
-from elasticrun.agent import wire
 from elasticrun.agent.workers import AgentWorkers
+from elasticrun.launch import agent_wire as wire
 from elasticrun.timed import within
 
 log = logging.getLogger("elasticrun.agent")

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from elasticrun.agent import wire
 from elasticrun.errors import SpawnError
+from elasticrun.launch import agent_wire as wire
 from elasticrun.launch.base import launcher_env
 from elasticrun.launch.local import LocalProcess, start_local
 from elasticrun.timed import within

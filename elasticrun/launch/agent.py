@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import asyncio
 
-from elasticrun.agent import wire
 from elasticrun.errors import ConfigError, SpawnError
+from elasticrun.launch import agent_wire as wire
 from elasticrun.launch.agent_hub import AgentHub
 from elasticrun.launch.agent_process import AgentProcess
 from elasticrun.launch.base import WorkerSpec

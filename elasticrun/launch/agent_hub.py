@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from aiohttp import WSMsgType, web
 
 from elasticrun import protocol
-from elasticrun.agent import wire
 from elasticrun.discovery.base import HostSlots
+from elasticrun.launch import agent_wire as wire
 from elasticrun.launch.agent_process import AgentProcess
 from elasticrun.timed import within
 

@@ -8,7 +8,7 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from elasticrun.agent import wire
+from elasticrun.launch import agent_wire as wire
 from elasticrun.timed import within
 
 OUTPUT_LIMIT = 1024 * 1024  # bytes a reader buffers for one line (as in local.py)

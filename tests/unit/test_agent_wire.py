@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from elasticrun.agent import wire
+from elasticrun.launch import agent_wire as wire
 
 TOKEN = "agent-token-0123456789abcdef"
 
