@@ -30,6 +30,7 @@ from tests.integration.harness import (
     read_records,
     tagged_pids,
 )
+from tests.integration.progress import read_progress
 
 TOKEN = "agent-token-for-tests-0123456789"
 TRAIN = [PYTHON, str(SCRIPTS / "elastic_train.py")]
@@ -102,11 +103,7 @@ class AgentJob:
 
     # --- the job ----------------------------------------------------------------------------
     def step(self) -> tuple[int, int]:
-        try:
-            step, size = json.loads(self.progress.read_text())
-            return int(step), int(size)
-        except (OSError, ValueError):
-            return 0, 0
+        return read_progress(self.progress)
 
     def status(self) -> dict[str, Any]:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/status", timeout=10) as r:

@@ -2,8 +2,19 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter, defaultdict
 from dataclasses import dataclass
+from pathlib import Path
+
+
+def read_progress(path: Path) -> tuple[int, int]:
+    """[committed step, world size] that rank 0 writes to $PROGRESS_FILE; (0, 0) before."""
+    try:
+        step, size = json.loads(path.read_text())
+        return int(step), int(size)
+    except (OSError, ValueError):
+        return 0, 0
 
 
 @dataclass

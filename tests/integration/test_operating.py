@@ -28,7 +28,7 @@ from tests.integration.harness import (
     read_records,
     start_job,
 )
-from tests.integration.progress import check_job
+from tests.integration.progress import check_job, read_progress
 
 TRAIN = [PYTHON, str(SCRIPTS / "elastic_train.py")]
 TOKEN = "test-token-0123456789abcdef"
@@ -60,11 +60,7 @@ class Job:
         self.proc, self.tag = start_job(["--port", str(self.port), *args], env, cwd)
 
     def step(self) -> tuple[int, int]:
-        try:
-            step, size = json.loads(self.progress.read_text())
-            return int(step), int(size)
-        except (OSError, ValueError):
-            return 0, 0
+        return read_progress(self.progress)
 
     def wait_until(self, what: str, check: Callable[[], bool], timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
