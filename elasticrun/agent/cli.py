@@ -64,13 +64,22 @@ def agent_command(driver: str, token_file: Path | None, slots: int, host: str | 
     Example:
       elasticrun agent --driver http://driver:29400 --token-file /etc/er/token --slots 8
     """
-    settings = AgentSettings(
+    settings = agent_settings(driver, token_file, slots, host, driver_grace, drain_timeout,
+                              stop_grace, working_dir, ready_file)
+    _setup_logging(log_level.upper(), settings.host)
+    sys.exit(asyncio.run(_run(settings)))
+
+
+def agent_settings(driver: str, token_file: Path | None, slots: int, host: str | None,
+                   driver_grace: float, drain_timeout: float, stop_grace: float,
+                   working_dir: Path | None, ready_file: Path | None,
+                   **_: object) -> AgentSettings:
+    """The agent command's options, checked (one ConfigError line each) -> its settings."""
+    return AgentSettings(
         driver=_check_url(driver), token=_read_token(token_file),
         host=_check_host(host or socket.gethostname()), slots=slots,
         driver_grace=driver_grace, stop_grace=stop_grace, drain_timeout=drain_timeout,
         working_dir=working_dir.absolute() if working_dir else None, ready_file=ready_file)
-    _setup_logging(log_level.upper(), settings.host)
-    sys.exit(asyncio.run(_run(settings)))
 
 
 async def _run(settings: AgentSettings) -> int:

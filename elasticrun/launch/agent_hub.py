@@ -215,8 +215,9 @@ class AgentHub:
         for process in link.processes.values():
             process.lost()
         if link.processes and not self._closing:
-            log.warning("agent for host %s is gone (connection %s) with %d worker(s)",
-                        link.host, "closed" if link.ws.close_code else "lost",
+            silent = isinstance(link.ws.exception(), asyncio.TimeoutError)
+            log.warning("agent for host %s is gone (%s) with %d worker(s)", link.host,
+                        "its heartbeats stopped" if silent else "its connection closed",
                         len(link.processes))
         link.processes.clear()
         if not self._closing:

@@ -114,7 +114,7 @@ def test_gpu() -> None:
 def test_launchers() -> None:
     out, result = run_quick("launchers")
     assert "launchers:" in out and result["where"] == "loopback"
-    assert set(result["median"]) == {"local", "agent"}
+    assert set(result["median"]) == {"agent"}
     for numbers in result["median"].values():
         assert 0 < numbers["launch_s"] < numbers["grow_s"] < 120
         assert 0 < numbers["resume_s"] < 60
