@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from elasticrun.protocol import Notice
-from elasticrun.torch import functions, host_vote, join, ops, runtime
+from elasticrun.torch import functions, host_vote, join, ops, plane, runtime
 from elasticrun.torch.boundary import collective
 from elasticrun.torch.sampler import ElasticSampler
 from elasticrun.torch.state import TorchState
@@ -47,7 +47,7 @@ class TorchBackend:
         # announced like an allreduce, so a rank that called join() serves it too
         header = join.announce(join.ALLREDUCE, 1, vote.dtype, dist.ReduceOp.MAX)
         with collective("the host-change agreement"):
-            work = dist.all_reduce(vote, op=dist.ReduceOp.MAX, async_op=True)
+            work = plane.all_reduce(vote, op=dist.ReduceOp.MAX, async_op=True)
 
         def result() -> bool:
             # Both works are waited for: one left running could outlive the round and hold

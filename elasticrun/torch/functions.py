@@ -45,7 +45,7 @@ def agreed(value: int) -> bool:
     join.announced(join.OBJECT)
     both = torch.tensor([value, -value], dtype=torch.int64)
     with collective("comparing the ranks' commits"):
-        dist.all_reduce(both, op=dist.ReduceOp.MAX)
+        plane.all_reduce(both, op=dist.ReduceOp.MAX)
     return int(both[0]) == -int(both[1])
 
 

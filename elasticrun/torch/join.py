@@ -81,7 +81,7 @@ class Header:
     """A header in flight: `wait()` returns what it announced; it also sits among a
     handle's works (`is_completed`, `wait`)."""
 
-    def __init__(self, tensor: torch.Tensor, work: dist.Work | None) -> None:
+    def __init__(self, tensor: torch.Tensor, work: plane.Work | None) -> None:
         self._tensor = tensor
         self._work = work
 
@@ -104,7 +104,7 @@ def announce(kind: int, numel: int = 0, dtype: torch.dtype = torch.float32,
     if runtime.current().slot.size == 1:
         return Header(header, None)
     with collective("the collective header"):
-        work = dist.all_reduce(header, op=dist.ReduceOp.MAX, async_op=True)
+        work = plane.all_reduce(header, op=dist.ReduceOp.MAX, async_op=True)
     return Header(header, work)
 
 
@@ -148,7 +148,7 @@ def join(device: int = -1) -> int:
         header[_FIELDS + slot.rank] = 1
         first = False
         with collective("join"):
-            dist.all_reduce(header, op=dist.ReduceOp.MAX)
+            plane.all_reduce(header, op=dist.ReduceOp.MAX)
         said = _read(header)
         if said.joined == slot.size:
             host_vote.discard()

@@ -45,6 +45,27 @@ def cuda_device() -> torch.device:
     return pinned if pinned is not None else torch.device("cuda", torch.cuda.current_device())
 
 
+class _Abortable:
+    """A work of the round's Gloo group: waiting for it is released when the round is
+    aborted (RoundSession.wait)."""
+
+    __slots__ = ("_work",)
+
+    def __init__(self, work: Work) -> None:
+        self._work = work
+
+    def is_completed(self) -> bool:
+        return bool(self._work.is_completed())
+
+    def wait(self, timeout: Any = None) -> bool:
+        session = runtime.current().session
+        if session is None:
+            self._work.wait()
+        else:
+            session.wait(self._work)
+        return True
+
+
 class _Staged:
     """A collective on host copies of CUDA tensors; waiting copies the results back."""
 
@@ -77,8 +98,19 @@ def _host(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().to("cpu")
 
 
-def _staged(work: Work | None, copy_back: Callable[[], None], async_op: bool) -> Work:
-    staged = _Staged(work, copy_back)
+def _done(work: Work, group: dist.ProcessGroup | None, async_op: bool) -> Work:
+    """The work of a collective launched asynchronously: returned, or waited for. Works of
+    the Gloo group (`group` None) wait abortably; NCCL's are aborted with the group."""
+    if group is None:
+        work = _Abortable(work)
+    if async_op:
+        return work
+    work.wait()
+    return None
+
+
+def _staged(work: Work, copy_back: Callable[[], None], async_op: bool) -> Work:
+    staged = _Staged(_Abortable(work), copy_back)
     if async_op:
         return staged
     staged.wait()
@@ -97,7 +129,8 @@ def all_reduce(tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM,
                async_op: bool = False) -> Work:
     group, stage = _route([tensor])
     if not stage:
-        return dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
+        return _done(dist.all_reduce(tensor, op=op, group=group, async_op=True), group,
+                     async_op)
     host = _host(tensor)
     work = dist.all_reduce(host, op=op, async_op=True)
     return _staged(work, _copy_into([tensor], [host]), async_op)
@@ -106,7 +139,8 @@ def all_reduce(tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM,
 def broadcast(tensor: torch.Tensor, src: int, async_op: bool = False) -> Work:
     group, stage = _route([tensor])
     if not stage:
-        return dist.broadcast(tensor, src=src, group=group, async_op=async_op)
+        return _done(dist.broadcast(tensor, src=src, group=group, async_op=True), group,
+                     async_op)
     host = _host(tensor)
     work = dist.broadcast(host, src=src, async_op=True)
     return _staged(work, _copy_into([tensor], [host]), async_op)
@@ -116,7 +150,8 @@ def all_gather(outputs: list[torch.Tensor], tensor: torch.Tensor,
                async_op: bool = False) -> Work:
     group, stage = _route([tensor, *outputs])
     if not stage:
-        return dist.all_gather(outputs, tensor, group=group, async_op=async_op)
+        return _done(dist.all_gather(outputs, tensor, group=group, async_op=True), group,
+                     async_op)
     hosts = [torch.empty(t.shape, dtype=t.dtype) for t in outputs]
     work = dist.all_gather(hosts, _host(tensor), async_op=True)
     return _staged(work, _copy_into(outputs, hosts), async_op)
@@ -128,9 +163,10 @@ def all_to_all_single(output: torch.Tensor, source: torch.Tensor,
                       async_op: bool = False) -> Work:
     group, stage = _route([output, source])
     if not stage:
-        return dist.all_to_all_single(output, source, output_split_sizes=output_split_sizes,
-                                      input_split_sizes=input_split_sizes, group=group,
-                                      async_op=async_op)
+        return _done(dist.all_to_all_single(output, source,
+                                            output_split_sizes=output_split_sizes,
+                                            input_split_sizes=input_split_sizes, group=group,
+                                            async_op=True), group, async_op)
     host = torch.empty(output.shape, dtype=output.dtype)
     work = dist.all_to_all_single(host, _host(source), output_split_sizes=output_split_sizes,
                                   input_split_sizes=input_split_sizes, async_op=True)
@@ -138,6 +174,7 @@ def all_to_all_single(output: torch.Tensor, source: torch.Tensor,
 
 
 def send(tensor: torch.Tensor, dst: int) -> None:
+    # (Gloo's point-to-point works offer no future to wait on abortably.)
     group, stage = _route([tensor])
     dist.send(_host(tensor) if stage else tensor, dst=dst, group=group)
 

@@ -10,10 +10,12 @@ and the process lives on; `leave()` aborts and tears the groups down. A session 
 one round only.
 
 Every Gloo and NCCL workaround lives here: Gloo offers no abort (so the session notes the
-sockets its group opened and shuts them down), torch names a group's store keys from a
-process-wide counter that a failed build must not advance, a group's native side must be
-collected before the interpreter exits, and NCCL communicators are non-blocking (NCCL's
-condition for a safe abort) and aborted, never merely destroyed, when a round ends.
+sockets its group opened and shuts them down, and releases its own waits on the round's
+works, since Gloo can lose a send whose peer died as it was written), torch names a
+group's store keys from a process-wide counter that a failed build must not advance, a
+group's native side must be collected before the interpreter exits, and NCCL
+communicators are non-blocking (NCCL's condition for a safe abort) and aborted, never
+merely destroyed, when a round ends.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ from elasticrun.worker.store import DriverStore
 
 log = logging.getLogger("elasticrun.worker")
 
+# How long past the collective timeout a wait is bounded, should Gloo never end the work.
+ABANDON_SLACK_S = 5.0
 # Builds the default process group: (slot, store, collective timeout in seconds).
 Connect = Callable[[SlotInfo, dist.Store, float], None]
 
@@ -118,6 +122,10 @@ def _set_group_count(value: int | None) -> None:
         world.group_count = value
 
 
+def _default_group() -> dist.ProcessGroup | None:
+    return dist.distributed_c10d._get_default_group() if dist.is_initialized() else None
+
+
 def destroy_process_group() -> None:
     if dist.is_initialized():
         try:
@@ -157,6 +165,7 @@ class RoundSession:
         self._lock = threading.Lock()
         self._sockets: dict[int, str] = {}  # fd -> inode of the group's connections
         self._aborted = False
+        self._waiters: set[threading.Event] = set()  # waits that abort() releases
         self._built = False
 
     @classmethod
@@ -222,14 +231,46 @@ class RoundSession:
             if self._aborted:  # the round broke while the communicator was connecting
                 abort_nccl(group)
 
+    def wait(self, work: dist.Work) -> None:
+        """`work.wait()` for a Gloo work of this round, released by `abort()` too: then, if
+        the work has not completed, it is abandoned with WorkersFailedError. (Cutting the
+        sockets is not always enough: Gloo loses a send that hit a peer's death at the
+        moment it was written, and its wait lasts the whole collective timeout.)"""
+        if work.is_completed():
+            work.wait()
+            return
+        waiter, finished = threading.Event(), threading.Event()
+        with self._lock:
+            aborted = self._aborted
+            if not aborted:
+                self._waiters.add(waiter)
+        try:
+            if not aborted:
+                def done(_: object) -> None:  # its future completes before the work does
+                    finished.set()
+                    waiter.set()
+
+                work.get_future().add_done_callback(done)
+                # Gloo ends the work at the collective timeout; this bound is a backstop.
+                waiter.wait(self.collective_timeout + ABANDON_SLACK_S)
+        finally:
+            with self._lock:
+                self._waiters.discard(waiter)
+        if not finished.is_set():
+            raise WorkersFailedError(f"round {self.number} broke while a collective was in "
+                                     "flight")
+        work.wait()
+
     def abort(self) -> int:
-        """Cuts the round's connections and aborts its NCCL communicators: collectives
-        blocked on them, here and on every peer, fail at once. Safe from any thread;
-        returns how many Gloo connections were cut."""
+        """Cuts the round's connections, releases every `wait()` and aborts the NCCL
+        communicators: collectives blocked on them, here and on every peer, fail at once.
+        Safe from any thread; returns how many Gloo connections were cut."""
         with self._lock:
             self._aborted = True
             count = sever(self._sockets)
             self._sockets = {}
+            for waiter in self._waiters:
+                waiter.set()
             group = self.device_group
         if group is not None:
             abort_nccl(group)
@@ -242,10 +283,15 @@ class RoundSession:
         Gloo can abort the process ("terminate called ...")."""
         self.abort()
         gc.collect(1)  # young cycles may still hold the round's works
+        groups = [group for group in (_default_group(), self.device_group) if group is not None]
         destroy_process_group()
         self.device_group = None
         if last:
+            groups.clear()
             gc.collect()
+        else:  # a group's native side waits for its works: an abandoned one may take long
+            threading.Thread(target=groups.clear, name="elasticrun-round-teardown",
+                             daemon=True).start()
 
     def publish_env(self) -> None:
         """Keeps the environment true for code that reads it after a reset."""
