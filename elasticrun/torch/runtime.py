@@ -26,9 +26,9 @@ from elasticrun.netif import interface_towards
 from elasticrun.protocol import SlotInfo
 from elasticrun.torch import devices
 from elasticrun.torch.devices import DataPlane
+from elasticrun.torch.groups import group_count as _group_count  # noqa: F401 - tests use it
+from elasticrun.torch.groups import init_process_group as _init_process_group
 from elasticrun.torch.session import JoinTiming, RoundSession
-from elasticrun.torch.session import group_count as _group_count  # noqa: F401 - tests use it
-from elasticrun.torch.session import init_process_group as _init_process_group
 from elasticrun.worker import timeline
 from elasticrun.worker.client import DriverClient, DriverUnreachableError, RequestRefusedError
 from elasticrun.worker.elastic import WorkersFailedError, describe_failure

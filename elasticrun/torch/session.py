@@ -9,19 +9,18 @@ communicators, so every collective blocked on them, here and on the peers, fails
 and the process lives on; `leave()` aborts and tears the groups down. A session is used for
 one round only.
 
-Every Gloo and NCCL workaround lives here: Gloo offers no abort (so the session notes the
-sockets its group opened and shuts them down, and releases its own waits on the round's
-works, since Gloo can lose a send whose peer died as it was written), torch names a
-group's store keys from a process-wide counter that a failed build must not advance, a
-group's native side must be collected before the interpreter exits, and NCCL
-communicators are non-blocking (NCCL's condition for a safe abort) and aborted, never
-merely destroyed, when a round ends.
+Every Gloo and NCCL workaround lives here or in groups.py: Gloo offers no abort (so the
+session notes the sockets its group opened and shuts them down, and releases its own waits
+on the round's works, since Gloo can lose a send whose peer died as it was written), torch
+names a group's store keys from a process-wide counter that a failed build must not
+advance, a group's native side must be collected before the interpreter exits (and its
+teardown waits for its works), and NCCL communicators are non-blocking (NCCL's condition
+for a safe abort) and aborted, never merely destroyed, when a round ends.
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime
 import gc
 import logging
 import os
@@ -36,6 +35,14 @@ from elasticrun import protocol
 from elasticrun.protocol import SlotInfo
 from elasticrun.torch.boundary import collective
 from elasticrun.torch.devices import DataPlane
+from elasticrun.torch.groups import (
+    abort_nccl,
+    agree_on_nccl,
+    default_group,
+    destroy_process_group,
+    init_nccl_group,
+    init_process_group,
+)
 from elasticrun.worker.elastic import WorkersFailedError
 from elasticrun.worker.sockets import new_tcp_sockets, open_socket_fds, sever
 from elasticrun.worker.store import DriverStore
@@ -55,83 +62,6 @@ class JoinTiming:
     asked: float = 0.0  # the join request was sent
     assigned: float = 0.0  # the driver answered with this worker's place in the round
     built: float = 0.0  # the round's process group is built
-
-
-def init_process_group(slot: SlotInfo, store: dist.Store, timeout: float) -> None:
-    """Builds the default Gloo group. A failed build leaves torch's group counter alone."""
-    names_before = group_count()
-    try:
-        dist.init_process_group(backend="gloo", store=store, rank=slot.rank,
-                                world_size=slot.size,
-                                timeout=datetime.timedelta(seconds=timeout))
-    except BaseException:
-        # torch names a default group's store keys from a process-wide counter, so every
-        # member must have built (and destroyed) as many groups as the others. Destroying a
-        # group resets the counter; a failed attempt has nothing to destroy, so undo its step
-        # (or this worker could never meet its peers again: they would wait on other keys).
-        _set_group_count(names_before)
-        raise
-
-
-def init_nccl_group(device: torch.device | None, timeout: float) -> dist.ProcessGroup:
-    """Builds the round's NCCL group over every rank, its communicator non-blocking (so
-    that it can be aborted safely) and, with a pinned device, connected now rather than at
-    the first collective. A failed build leaves torch's group counter alone."""
-    options = dist.ProcessGroupNCCL.Options()
-    options.config.blocking = 0
-    options.is_high_priority_stream = False
-    options._timeout = datetime.timedelta(seconds=timeout)  # torch warns unless they agree
-    names_before = group_count()
-    try:
-        group = dist.new_group(backend="nccl", pg_options=options, device_id=device,
-                               timeout=options._timeout)
-    except BaseException:
-        _set_group_count(names_before)
-        raise
-    assert group is not None
-    return group
-
-
-def abort_nccl(group: dist.ProcessGroup) -> None:
-    """Aborts the group's NCCL communicators: kernels waiting on a dead peer end, and the
-    next use of the group raises. Bounded by the group's timeout inside torch."""
-    try:
-        group._get_backend(torch.device("cuda")).abort()
-    except Exception as exc:  # already aborted, or never connected: nothing left to cut
-        log.debug("aborting the NCCL group failed: %s", exc)
-
-
-def agree_on_nccl(wants_nccl: bool) -> bool:
-    """Whether every rank of the just-built Gloo group can use NCCL (one tiny allreduce:
-    with --backend auto, a host without GPUs must not leave the others waiting for it)."""
-    if dist.get_world_size() == 1:
-        return wants_nccl
-    vote = torch.tensor([1 if wants_nccl else 0], dtype=torch.int32)
-    dist.all_reduce(vote, op=dist.ReduceOp.MIN)
-    return bool(vote.item())
-
-
-def group_count() -> int | None:
-    world = getattr(dist.distributed_c10d, "_world", None)
-    return getattr(world, "group_count", None)
-
-
-def _set_group_count(value: int | None) -> None:
-    world = getattr(dist.distributed_c10d, "_world", None)
-    if value is not None and world is not None and hasattr(world, "group_count"):
-        world.group_count = value
-
-
-def _default_group() -> dist.ProcessGroup | None:
-    return dist.distributed_c10d._get_default_group() if dist.is_initialized() else None
-
-
-def destroy_process_group() -> None:
-    if dist.is_initialized():
-        try:
-            dist.destroy_process_group()
-        except Exception as exc:  # a broken group may fail to tear down; it is abandoned
-            log.debug("destroying the process group failed: %s", exc)
 
 
 class RoundSession:
@@ -283,7 +213,7 @@ class RoundSession:
         Gloo can abort the process ("terminate called ...")."""
         self.abort()
         gc.collect(1)  # young cycles may still hold the round's works
-        groups = [group for group in (_default_group(), self.device_group) if group is not None]
+        groups = [group for group in (default_group(), self.device_group) if group is not None]
         destroy_process_group()
         self.device_group = None
         if last:

@@ -1,0 +1,96 @@
+"""The process groups of a round: building them (without disturbing torch's group counter),
+aborting NCCL communicators, agreeing on NCCL, and tearing them down.
+
+torch names a default group's store keys from a process-wide counter, so a failed build
+must leave the counter as it found it; NCCL communicators are built non-blocking (NCCL's
+condition for a safe abort).
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+
+import torch
+import torch.distributed as dist
+
+from elasticrun.protocol import SlotInfo
+
+log = logging.getLogger("elasticrun.worker")
+
+
+def init_process_group(slot: SlotInfo, store: dist.Store, timeout: float) -> None:
+    """Builds the default Gloo group. A failed build leaves torch's group counter alone."""
+    names_before = group_count()
+    try:
+        dist.init_process_group(backend="gloo", store=store, rank=slot.rank,
+                                world_size=slot.size,
+                                timeout=datetime.timedelta(seconds=timeout))
+    except BaseException:
+        # torch names a default group's store keys from a process-wide counter, so every
+        # member must have built (and destroyed) as many groups as the others. Destroying a
+        # group resets the counter; a failed attempt has nothing to destroy, so undo its step
+        # (or this worker could never meet its peers again: they would wait on other keys).
+        _set_group_count(names_before)
+        raise
+
+
+def init_nccl_group(device: torch.device | None, timeout: float) -> dist.ProcessGroup:
+    """Builds the round's NCCL group over every rank, its communicator non-blocking (so
+    that it can be aborted safely) and, with a pinned device, connected now rather than at
+    the first collective. A failed build leaves torch's group counter alone."""
+    options = dist.ProcessGroupNCCL.Options()
+    options.config.blocking = 0
+    options.is_high_priority_stream = False
+    options._timeout = datetime.timedelta(seconds=timeout)  # torch warns unless they agree
+    names_before = group_count()
+    try:
+        group = dist.new_group(backend="nccl", pg_options=options, device_id=device,
+                               timeout=options._timeout)
+    except BaseException:
+        _set_group_count(names_before)
+        raise
+    assert group is not None
+    return group
+
+
+def abort_nccl(group: dist.ProcessGroup) -> None:
+    """Aborts the group's NCCL communicators: kernels waiting on a dead peer end, and the
+    next use of the group raises. Bounded by the group's timeout inside torch."""
+    try:
+        group._get_backend(torch.device("cuda")).abort()
+    except Exception as exc:  # already aborted, or never connected: nothing left to cut
+        log.debug("aborting the NCCL group failed: %s", exc)
+
+
+def agree_on_nccl(wants_nccl: bool) -> bool:
+    """Whether every rank of the just-built Gloo group can use NCCL (one tiny allreduce:
+    with --backend auto, a host without GPUs must not leave the others waiting for it)."""
+    if dist.get_world_size() == 1:
+        return wants_nccl
+    vote = torch.tensor([1 if wants_nccl else 0], dtype=torch.int32)
+    dist.all_reduce(vote, op=dist.ReduceOp.MIN)
+    return bool(vote.item())
+
+
+def group_count() -> int | None:
+    world = getattr(dist.distributed_c10d, "_world", None)
+    return getattr(world, "group_count", None)
+
+
+def _set_group_count(value: int | None) -> None:
+    world = getattr(dist.distributed_c10d, "_world", None)
+    if value is not None and world is not None and hasattr(world, "group_count"):
+        world.group_count = value
+
+
+def default_group() -> dist.ProcessGroup | None:
+    return dist.distributed_c10d._get_default_group() if dist.is_initialized() else None
+
+
+def destroy_process_group() -> None:
+    if dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception as exc:  # a broken group may fail to tear down; it is abandoned
+            log.debug("destroying the process group failed: %s", exc)
