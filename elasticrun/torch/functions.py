@@ -1,9 +1,11 @@
 """Horovod's helper functions (horovod/torch/functions.py): objects, parameters and
-optimizer state from one rank to all. Objects travel pickled; tensors travel as fused
+optimizer state from one rank to all. Objects travel pickled, as byte tensors on the data
+plane (so a broken round releases them as any collective); tensors travel as fused
 broadcasts. Each is announced to joined ranks first (join.py), which refuse them."""
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -32,10 +34,14 @@ def broadcast_object(obj: Any = None, root_rank: int = 0, name: str | None = Non
     if _size() == 1:
         return obj
     join.announced(join.OBJECT)
-    holder = [obj]
+    payload = _pickled(obj) if _rank() == root_rank else torch.empty(0, dtype=torch.uint8)
     with collective("broadcast_object"):
-        dist.broadcast_object_list(holder, src=root_rank)
-    return holder[0]
+        length = torch.tensor([payload.numel()], dtype=torch.int64)
+        plane.broadcast(length, root_rank)
+        if _rank() != root_rank:
+            payload = torch.empty(int(length), dtype=torch.uint8)
+        plane.broadcast(payload, root_rank)
+    return obj if _rank() == root_rank else _unpickled(payload)
 
 
 def agreed(value: int) -> bool:
@@ -54,10 +60,25 @@ def allgather_object(obj: Any, name: str | None = None) -> list[Any]:
     if _size() == 1:
         return [obj]
     join.announced(join.OBJECT)
-    gathered: list[Any] = [None] * _size()
+    payload = _pickled(obj)
     with collective("allgather_object"):
-        dist.all_gather_object(gathered, obj)
-    return gathered
+        lengths = [torch.zeros(1, dtype=torch.int64) for _ in range(_size())]
+        plane.all_gather(lengths, torch.tensor([payload.numel()], dtype=torch.int64))
+        longest = max(int(length) for length in lengths)
+        padded = torch.zeros(longest, dtype=torch.uint8)
+        padded[:payload.numel()] = payload
+        gathered = [torch.empty(longest, dtype=torch.uint8) for _ in range(_size())]
+        plane.all_gather(gathered, padded)
+    return [_unpickled(data[:int(length)]) for data, length in zip(gathered, lengths,
+                                                                    strict=True)]
+
+
+def _pickled(obj: Any) -> torch.Tensor:
+    return torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+
+
+def _unpickled(data: torch.Tensor) -> Any:
+    return pickle.loads(data.numpy().tobytes())  # noqa: S301 - from this job's own ranks
 
 
 def broadcast_parameters(

@@ -97,6 +97,7 @@ def check_gather_scatter() -> bool:
     hvd.allgather(leaf).sum().backward()  # Horovod: averaged over ranks, then this rank's rows
     _equal(leaf.grad, torch.ones_like(rows[rank]), "allgather grad")
     assert hvd.allgather_object({"rank": rank}) == [{"rank": r} for r in range(size)]
+    assert hvd.allgather_object("x" * 1000 * rank) == ["x" * 1000 * r for r in range(size)]
     # broadcast, from a root other than 0
     root = size - 1
     _equal(hvd.broadcast(_data(rank, 4), root_rank=root), _data(root, 4), "broadcast")
@@ -106,6 +107,8 @@ def check_gather_scatter() -> bool:
     _equal(hvd.synchronize(hvd.broadcast_async(_data(rank, 2, 2), 0)), _data(0, 2, 2),
            "broadcast_async")
     assert hvd.broadcast_object({"from": rank}, root_rank=root) == {"from": root}
+    assert hvd.broadcast_object(list(range(1000 * rank)), root_rank=root) == \
+        list(range(1000 * root))
     # alltoall with uneven splits: rank s sends (s + d) % 3 rows to rank d
     def splits_of(sender: int) -> list[int]:
         return [(sender + dest) % 3 for dest in range(size)]
