@@ -46,23 +46,25 @@ def cuda_device() -> torch.device:
 
 
 class _Abortable:
-    """A work of the round's Gloo group: waiting for it is released when the round is
-    aborted (RoundSession.wait)."""
+    """A work of the round's Gloo group: the round's session knows of it (its groups
+    outlive it) and waiting for it is released when the round is aborted (works.py)."""
 
-    __slots__ = ("_work",)
+    __slots__ = ("_session", "_work")
 
     def __init__(self, work: Work) -> None:
         self._work = work
+        self._session = runtime.current().session
+        if self._session is not None:
+            self._session.track(work)
 
     def is_completed(self) -> bool:
         return bool(self._work.is_completed())
 
     def wait(self, timeout: Any = None) -> bool:
-        session = runtime.current().session
-        if session is None:
+        if self._session is None:
             self._work.wait()
         else:
-            session.wait(self._work)
+            self._session.wait(self._work)
         return True
 
 

@@ -9,13 +9,14 @@ communicators, so every collective blocked on them, here and on the peers, fails
 and the process lives on; `leave()` aborts and tears the groups down. A session is used for
 one round only.
 
-Every Gloo and NCCL workaround lives here or in groups.py: Gloo offers no abort (so the
-session notes the sockets its group opened and shuts them down, and releases its own waits
-on the round's works, since Gloo can lose a send whose peer died as it was written), torch
-names a group's store keys from a process-wide counter that a failed build must not
-advance, a group's native side must be collected before the interpreter exits (and its
-teardown waits for its works), and NCCL communicators are non-blocking (NCCL's condition
-for a safe abort) and aborted, never merely destroyed, when a round ends.
+Every Gloo and NCCL workaround lives here, in groups.py or in works.py: Gloo offers no
+abort (so the session notes the sockets its group opened and shuts them down, and releases
+its own waits on the round's works, since Gloo can lose a send whose peer died as it was
+written), torch names a group's store keys from a process-wide counter that a failed build
+must not advance, a group's native side waits for its works when torn down (so it goes
+once they have ended, never during interpreter teardown), and NCCL communicators are
+non-blocking (NCCL's condition for a safe abort) and aborted, never merely destroyed, when
+a round ends.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import gc
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -43,6 +45,7 @@ from elasticrun.torch.groups import (
     init_nccl_group,
     init_process_group,
 )
+from elasticrun.torch.works import InFlight, drop_when_done, wait_abortably
 from elasticrun.worker.elastic import WorkersFailedError
 from elasticrun.worker.sockets import new_tcp_sockets, open_socket_fds, sever
 from elasticrun.worker.store import DriverStore
@@ -95,7 +98,7 @@ class RoundSession:
         self._lock = threading.Lock()
         self._sockets: dict[int, str] = {}  # fd -> inode of the group's connections
         self._aborted = False
-        self._waiters: set[threading.Event] = set()  # waits that abort() releases
+        self._in_flight = InFlight()  # Gloo works issued in this round, maybe running
         self._built = False
 
     @classmethod
@@ -161,35 +164,17 @@ class RoundSession:
             if self._aborted:  # the round broke while the communicator was connecting
                 abort_nccl(group)
 
+    def track(self, work: dist.Work) -> None:
+        """Notes a Gloo work issued in this round: its groups outlive it (see works.py)."""
+        self._in_flight.add(work)
+
     def wait(self, work: dist.Work) -> None:
         """`work.wait()` for a Gloo work of this round, released by `abort()` too: then, if
         the work has not completed, it is abandoned with WorkersFailedError. (Cutting the
         sockets is not always enough: Gloo loses a send that hit a peer's death at the
         moment it was written, and its wait lasts the whole collective timeout.)"""
-        if work.is_completed():
-            work.wait()
-            return
-        waiter, finished = threading.Event(), threading.Event()
-        with self._lock:
-            aborted = self._aborted
-            if not aborted:
-                self._waiters.add(waiter)
-        try:
-            if not aborted:
-                def done(_: object) -> None:  # its future completes before the work does
-                    finished.set()
-                    waiter.set()
-
-                work.get_future().add_done_callback(done)
-                # Gloo ends the work at the collective timeout; this bound is a backstop.
-                waiter.wait(self.collective_timeout + ABANDON_SLACK_S)
-        finally:
-            with self._lock:
-                self._waiters.discard(waiter)
-        if not finished.is_set():
-            raise WorkersFailedError(f"round {self.number} broke while a collective was in "
-                                     "flight")
-        work.wait()
+        wait_abortably(work, lambda: self._aborted,
+                       self.collective_timeout + ABANDON_SLACK_S, self.number)
 
     def abort(self) -> int:
         """Cuts the round's connections, releases every `wait()` and aborts the NCCL
@@ -199,8 +184,6 @@ class RoundSession:
             self._aborted = True
             count = sever(self._sockets)
             self._sockets = {}
-            for waiter in self._waiters:
-                waiter.set()
             group = self.device_group
         if group is not None:
             abort_nccl(group)
@@ -208,20 +191,22 @@ class RoundSession:
 
     def leave(self, *, last: bool = False) -> None:
         """Cuts the round's connections (peers blocked on this worker fail at once), then
-        destroys its group. `last`: nothing follows, so the group's native side (and its
-        threads) is collected now, not during interpreter teardown, where torch 2.13's
-        Gloo can abort the process ("terminate called ...")."""
+        destroys its group. Its native side goes once the round's works have ended, on a
+        teardown thread (works.py); `last` with nothing in flight: now, since nothing
+        follows and torch 2.13's Gloo threads can abort the process when a group is only
+        collected during interpreter teardown."""
         self.abort()
         gc.collect(1)  # young cycles may still hold the round's works
         groups = [group for group in (default_group(), self.device_group) if group is not None]
         destroy_process_group()
         self.device_group = None
-        if last:
+        in_flight = self._in_flight.pending()
+        if last and not in_flight:
             groups.clear()
             gc.collect()
-        else:  # a group's native side waits for its works: an abandoned one may take long
-            threading.Thread(target=groups.clear, name="elasticrun-round-teardown",
-                             daemon=True).start()
+        else:
+            deadline = time.monotonic() + self.collective_timeout + ABANDON_SLACK_S
+            drop_when_done(groups, in_flight, deadline)
 
     def publish_env(self) -> None:
         """Keeps the environment true for code that reads it after a reset."""

@@ -5,12 +5,23 @@ EPIPE/ECONNRESET, the send is queued, and the pair's failure signals only bound 
 its wait then lasts the whole collective timeout, however the sockets are cut. Here a rank
 that never comes plays the dead peer, and the session forgets its sockets, so that only the
 session's own release can end the wait: the survivors must raise WorkersFailedError at
-once, and leaving the round must not wait for the abandoned work either.
+once, and leaving the round must not wait for the abandoned work either. Nor may the
+worker's exit, however long the abandoned work runs on in Gloo (stranded_worker.py).
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.collectives import stranded_worker
 from tests.collectives.world import COLLECTIVE_TIMEOUT_S, GlooWorld
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _stranded(rank: int) -> dict[str, object]:
@@ -54,3 +65,29 @@ def test_an_aborted_round_releases_and_leaves_a_collective_gloo_would_hold() -> 
         # Released by the abort (at 0.5 s), not by Gloo's timeout.
         assert float(result["released_s"]) < COLLECTIVE_TIMEOUT_S / 3, result
         assert float(result["left_s"]) < COLLECTIVE_TIMEOUT_S / 3, result
+
+
+@pytest.mark.parametrize("mode", ["hold", "last"])
+def test_a_worker_with_an_abandoned_collective_exits_at_once(tmp_path: Path, mode: str) -> None:
+    """The abandoned work runs on until Gloo's collective timeout. Exiting must not wait for
+    it: neither when the broken round's group is freed only as the interpreter exits (it
+    used to sit out the timeout, then abort: "terminate called after throwing an instance
+    of 'gloo::IoException'", exit code 134), nor when the broken round is the last one."""
+    def start(rank: int) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "tests.collectives.stranded_worker", str(rank),
+             str(tmp_path), mode], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True)
+
+    peer = start(1)
+    try:
+        started = time.monotonic()
+        worker = start(0)
+        out, err = worker.communicate(timeout=3 * stranded_worker.COLLECTIVE_TIMEOUT_S)
+        took = time.monotonic() - started
+    finally:
+        peer.kill()
+        peer.wait()
+    assert worker.returncode == 0, f"exit code {worker.returncode}:\n{out}\n{err}"
+    assert "script ends" in out, out + err
+    assert took < stranded_worker.COLLECTIVE_TIMEOUT_S / 2, (took, out, err)
