@@ -4,7 +4,14 @@ The driver runs on its own event loop in a helper thread, so that `run()` works 
 from a script, a notebook (whose thread already runs a loop) or any thread: signals reach
 only the main thread, so the loop keeps the driver's signal handlers and the caller relays
 its KeyboardInterrupt to them — the job stops as the CLI's does on SIGINT, every worker
-with it. The caller's own signal handlers are never touched.
+with it.
+
+A Ctrl-C must never be lost, whatever SIGINT handler the caller's process has: one left by
+an earlier event loop or library would swallow it, and under SIG_DFL it would kill the
+process without stopping the job. So while a job runs in the main thread, SIGINT raises
+KeyboardInterrupt there (as `asyncio.run` does for its own main task), and the caller's
+handler is put back afterwards. SIG_IGN is respected: a process that ignores Ctrl-C (a
+background job) keeps ignoring it.
 """
 
 from __future__ import annotations
@@ -49,8 +56,9 @@ def run_function(config: DriverConfig, payload: bytes, env: Mapping[str, str],
         with _logging(log_level):
             # Stopping: the workers' grace period and their kill, the driver's tasks,
             # its server and event sinks (each bounded by the driver).
-            code = DriverThread(driver).run(
-                stop_bound=config.stop_grace_period + TASKS_STOP_S + 10.0)
+            with interrupts_raise():
+                code = DriverThread(driver).run(
+                    stop_bound=config.stop_grace_period + TASKS_STOP_S + 10.0)
     finally:
         output.close()
     if code == SIGINT_CODE:
@@ -92,6 +100,25 @@ def _load(rank: int, host: str, data: bytes) -> Any:
     except Exception as exc:
         raise JobFailedError(f"the result of rank {rank} (host {host}) cannot be unpickled "
                              f"here: {type(exc).__name__}: {exc}") from None
+
+
+@contextlib.contextmanager
+def interrupts_raise() -> Iterator[None]:
+    """In the main thread: SIGINT raises KeyboardInterrupt for the block, then the previous
+    handler is back. Elsewhere, under SIG_IGN, or with a handler Python did not install
+    (which it could not put back), nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is None or previous == signal.SIG_IGN:
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 class RelayLoop(asyncio.SelectorEventLoop):

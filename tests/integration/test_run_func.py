@@ -9,6 +9,8 @@ the job, nothing with the tag may be left.
 from __future__ import annotations
 
 import _thread
+import os
+import signal
 import threading
 import time
 import uuid
@@ -127,7 +129,18 @@ def test_elastic_training_inside_func_returns_the_last_rounds_results() -> None:
     assert_no_orphans(env[TAG_VAR], within=0)  # gone when run() is
 
 
-def test_keyboard_interrupt_stops_every_worker(tmp_path: Path) -> None:
+def _foreign_handler(signum: int, frame: Any) -> None:
+    """A SIGINT handler that swallows the interrupt: one left by an earlier event loop, or a
+    library's (the cause of a Ctrl-C once lost in the full suite)."""
+
+
+@pytest.mark.parametrize("installed, deliver", [
+    (signal.default_int_handler, "signal"),  # a real SIGINT, Python's own handler
+    (_foreign_handler, "interrupt_main"),
+    (signal.SIG_DFL, "interrupt_main"),  # a real SIGINT would kill the process outright
+], ids=["default-handler", "foreign-handler", "SIG_DFL"])
+def test_keyboard_interrupt_stops_every_worker(tmp_path: Path, installed: Any,
+                                               deliver: str) -> None:
     env = _tag()
     marks = str(tmp_path)
 
@@ -143,13 +156,21 @@ def test_keyboard_interrupt_stops_every_worker(tmp_path: Path) -> None:
         deadline = time.monotonic() + 60
         while len(list(tmp_path.iterdir())) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
-        _thread.interrupt_main()  # Ctrl-C: KeyboardInterrupt in the caller's thread
+        if deliver == "signal":
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C
+        else:
+            _thread.interrupt_main()  # what a Ctrl-C does in the caller's thread
 
     interrupter = threading.Thread(target=interrupt_when_running, daemon=True)
-    interrupter.start()
-    started = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        elasticrun.run(work, np=2, env=env)
-    interrupter.join(5)
+    previous = signal.signal(signal.SIGINT, installed)
+    try:
+        interrupter.start()
+        started = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            elasticrun.run(work, np=2, env=env)
+        interrupter.join(5)
+        assert signal.getsignal(signal.SIGINT) is installed  # the caller's handler is back
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert len(list(tmp_path.iterdir())) == 2 and time.monotonic() - started < 60
     assert_no_orphans(env[TAG_VAR], within=0)
