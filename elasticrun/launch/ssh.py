@@ -214,7 +214,7 @@ class SSHLauncher:
 
     def __init__(self, settings: SSHSettings | None = None) -> None:
         self.settings = settings or SSHSettings()
-        _quiet_paramiko()
+        self._paramiko_quieted = _quiet_paramiko()  # until close(): the process may be the user's
         self._config: paramiko.SSHConfig | None = None
         self._hosts: dict[str, _HostConnections] = {}
         self._closed = False
@@ -253,6 +253,9 @@ class SSHLauncher:
         await asyncio.gather(*(asyncio.to_thread(h.close) for h in hosts),
                              return_exceptions=True)
         self._executor.shutdown(wait=False, cancel_futures=True)
+        if self._paramiko_quieted:
+            logging.getLogger("paramiko").setLevel(logging.NOTSET)
+            self._paramiko_quieted = False
 
     def _connections(self, host: str) -> _HostConnections:
         connections = self._hosts.get(host)
@@ -270,11 +273,14 @@ class SSHLauncher:
         return self._config
 
 
-def _quiet_paramiko() -> None:
-    """paramiko logs tracebacks at ERROR for failures this module reports as one line."""
+def _quiet_paramiko() -> bool:
+    """paramiko logs tracebacks at ERROR for failures this module reports as one line.
+    Whether its level was set here (from NOTSET)."""
     paramiko_log = logging.getLogger("paramiko")
     if paramiko_log.level == logging.NOTSET and not log.isEnabledFor(logging.DEBUG):
         paramiko_log.setLevel(logging.CRITICAL)
+        return True
+    return False
 
 
 def _close_channel(future: asyncio.Future[paramiko.Channel]) -> None:

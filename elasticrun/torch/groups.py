@@ -3,13 +3,18 @@ aborting NCCL communicators, agreeing on NCCL, and tearing them down.
 
 torch names a default group's store keys from a process-wide counter, so a failed build
 must leave the counter as it found it; NCCL communicators are built non-blocking (NCCL's
-condition for a safe abort).
+condition for a safe abort). torch also wraps `sys.excepthook` at every default group it
+builds (to prefix a traceback's lines with the rank): a worker builds one per round, so
+each build wraps the hook it found before elasticrun's first, once, with the current rank,
+and tearing the group down puts that hook back.
 """
 
 from __future__ import annotations
 
 import datetime
 import logging
+import sys
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -18,9 +23,15 @@ from elasticrun.protocol import SlotInfo
 
 log = logging.getLogger("elasticrun.worker")
 
+_hook_before_groups: Any = None  # sys.excepthook as elasticrun's first group build found it
+
 
 def init_process_group(slot: SlotInfo, store: dist.Store, timeout: float) -> None:
     """Builds the default Gloo group. A failed build leaves torch's group counter alone."""
+    global _hook_before_groups
+    if _hook_before_groups is None:
+        _hook_before_groups = sys.excepthook
+    sys.excepthook = _hook_before_groups  # torch wraps it, with this round's rank
     names_before = group_count()
     try:
         dist.init_process_group(backend="gloo", store=store, rank=slot.rank,
@@ -89,6 +100,8 @@ def default_group() -> dist.ProcessGroup | None:
 
 
 def destroy_process_group() -> None:
+    if _hook_before_groups is not None:
+        sys.excepthook = _hook_before_groups
     if dist.is_initialized():
         try:
             dist.destroy_process_group()

@@ -48,8 +48,12 @@ def test_builtins_are_registered_as_entry_points() -> None:
 
 
 @pytest.mark.parametrize("name", ["auto", "local", "ssh"])
-def test_plain_builtins_load_by_name(name: str) -> None:
-    assert isinstance(load_launcher(name, config()), BUILTINS[name])
+async def test_plain_builtins_load_by_name(name: str) -> None:
+    launcher = load_launcher(name, config())
+    try:
+        assert isinstance(launcher, BUILTINS[name])
+    finally:
+        await launcher.close()  # the SSH launcher quiets paramiko's logger until then
 
 
 def test_the_default_is_auto() -> None:

@@ -7,6 +7,8 @@ failed build is a typed failure, and a worker that leaves a round tells the driv
 from __future__ import annotations
 
 import datetime
+import os
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,7 +18,7 @@ import torch.distributed as dist
 
 from elasticrun import protocol
 from elasticrun.protocol import SlotInfo
-from elasticrun.torch import runtime
+from elasticrun.torch import groups, runtime
 from elasticrun.torch.boundary import collective
 from elasticrun.torch.fusion import fused_collective
 from elasticrun.torch.session import RoundSession
@@ -31,8 +33,7 @@ def _slot(rank: int, size: int) -> SlotInfo:
 @pytest.fixture(autouse=True)
 def _no_group_left() -> Iterator[None]:
     yield
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    groups.destroy_process_group()
 
 
 def test_a_failed_group_build_leaves_the_group_counter_alone() -> None:
@@ -49,8 +50,30 @@ def test_a_failed_group_build_leaves_the_group_counter_alone() -> None:
     try:
         assert runtime._group_count() == before + 1
     finally:
-        dist.destroy_process_group()
+        groups.destroy_process_group()
     assert runtime._group_count() == 0
+
+
+def test_a_traceback_carries_the_rank_once_however_many_rounds_built_a_group(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # torch wraps sys.excepthook at every default group it builds; a worker builds one per
+    # round, and the rank prefix must be the current round's, once.
+    hook = sys.excepthook
+    for number in range(3):
+        runtime._init_process_group(_slot(0, 1), dist.PrefixStore(f"r{number}/",
+                                                                  dist.HashStore()), 0.5)
+        groups.destroy_process_group()
+    runtime._init_process_group(_slot(0, 1), dist.PrefixStore("last/", dist.HashStore()), 0.5)
+    try:
+        try:
+            raise ValueError("boom")
+        except ValueError as exc:
+            sys.excepthook(type(exc), exc, exc.__traceback__)
+    finally:
+        groups.destroy_process_group()
+    err = capsys.readouterr().err
+    assert err.count("[rank0]: ValueError: boom") == 1 and "[rank0]: [rank0]" not in err
+    assert sys.excepthook is hook  # put back with the group
 
 
 def test_a_session_whose_peer_never_comes_fails_with_a_typed_error() -> None:
@@ -184,10 +207,8 @@ def _run(round_number: int) -> dict[str, Any]:
 
 def test_a_worker_tells_the_driver_why_it_asks_for_a_new_round(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in (protocol.ENV_RANK, protocol.ENV_SIZE, protocol.ENV_LOCAL_RANK,
-                 protocol.ENV_LOCAL_SIZE, protocol.ENV_CROSS_RANK, protocol.ENV_CROSS_SIZE,
-                 "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
-        monkeypatch.delenv(name, raising=False)  # a join publishes them; restored after
+    # A join publishes this worker's place in the environment: put back after the test.
+    monkeypatch.setattr(os, "environ", os.environ.copy())
     builds: list[int] = []
 
     def connect(slot: SlotInfo, store: dist.Store, timeout: float) -> None:
