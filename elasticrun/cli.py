@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
-import logging
-import resource
 import sys
 from pathlib import Path
 
@@ -20,17 +17,12 @@ from elasticrun.driver.driver import Driver
 from elasticrun.driver.processes.output import OutputRouter
 from elasticrun.errors import ConfigError, DiscoveryError, ElasticrunError
 from elasticrun.job_config import build_config, build_parts
+from elasticrun.process_setup import raise_open_file_limit, setup_logging
 from elasticrun.status_cli import status_command
 
 ENV_WEBHOOK_TOKEN = protocol.ENV_WEBHOOK_TOKEN
 ENV_EVENT_SECRET = protocol.ENV_EVENT_SECRET
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
-
-
-class _LogFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        level = "" if record.levelno == logging.INFO else f"{record.levelname.lower()}: "
-        return f"elasticrun: {level}{record.getMessage()}"
 
 
 def _positive(_ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
@@ -162,13 +154,13 @@ def cli(**options: object) -> None:
     verbose = bool(options.pop("verbose"))
     level = "DEBUG" if verbose else str(options.pop("log_level")).upper()
     options.pop("log_level", None)
-    _setup_logging(level)
+    setup_logging(level)
     timeline = {"timeline_filename": options.pop("timeline_filename", None),
                 "timeline_mark_cycles": bool(options.pop("timeline_mark_cycles", False))}
     config = build_config(**options)  # type: ignore[arg-type]
     config = dataclasses.replace(config, **timeline)  # type: ignore[arg-type]
     parts = build_parts(config)
-    _raise_open_file_limit()
+    raise_open_file_limit()
     output = OutputRouter(sys.stdout.buffer, sys.stderr.buffer, config.output_filename,
                           config.prefix_timestamp)
     try:
@@ -205,22 +197,3 @@ def main(argv: list[str] | None = None) -> None:
     except click.Abort:
         click.echo("elasticrun: aborted", err=True)
         sys.exit(130)
-
-
-def _raise_open_file_limit() -> None:
-    """Every worker holds connections and pipes; a crowd of idle clients must not use up
-    the driver's descriptors either. Soft limit up to the hard one (no privilege needed)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = hard if hard != resource.RLIM_INFINITY else max(soft, 65536)
-    if soft != resource.RLIM_INFINITY and soft < target:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-
-
-def _setup_logging(level: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_LogFormatter())
-    root = logging.getLogger("elasticrun")
-    root.handlers[:] = [handler]
-    root.setLevel(level)
-    root.propagate = False

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import socket
 import sys
 import urllib.parse
@@ -15,6 +14,7 @@ from elasticrun import protocol
 from elasticrun.agent.runner import Agent, AgentSettings
 from elasticrun.discovery.parsing import MAX_SLOTS_PER_HOST, check_host
 from elasticrun.errors import ConfigError
+from elasticrun.process_setup import setup_logging
 from elasticrun.tokens import MIN_TOKEN_LENGTH, read_secret
 
 
@@ -66,7 +66,7 @@ def agent_command(driver: str, token_file: Path | None, slots: int, host: str | 
     """
     settings = agent_settings(driver, token_file, slots, host, driver_grace, drain_timeout,
                               stop_grace, working_dir, ready_file)
-    _setup_logging(log_level.upper(), settings.host)
+    setup_logging(log_level.upper(), f"elasticrun agent {settings.host}")
     sys.exit(asyncio.run(_run(settings)))
 
 
@@ -113,22 +113,3 @@ def _read_token(path: Path | None) -> str:
         raise ConfigError(f"the agent token is {len(token)} characters; the driver's needs "
                           f"at least {MIN_TOKEN_LENGTH}")
     return token
-
-
-class _Formatter(logging.Formatter):
-    def __init__(self, host: str) -> None:
-        super().__init__()
-        self._host = host
-
-    def format(self, record: logging.LogRecord) -> str:
-        level = "" if record.levelno == logging.INFO else f"{record.levelname.lower()}: "
-        return f"elasticrun agent {self._host}: {level}{record.getMessage()}"
-
-
-def _setup_logging(level: str, host: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_Formatter(host))
-    root = logging.getLogger("elasticrun")
-    root.handlers[:] = [handler]
-    root.setLevel(level)
-    root.propagate = False

@@ -27,7 +27,6 @@ from typing import IO, Any, BinaryIO, cast
 
 import cloudpickle
 
-from elasticrun.cli import _LogFormatter, _raise_open_file_limit
 from elasticrun.config import DriverConfig
 from elasticrun.driver.driver import TASKS_STOP_S, Driver
 from elasticrun.driver.processes.output import OutputRouter
@@ -35,6 +34,7 @@ from elasticrun.driver.rounds.state import JobState
 from elasticrun.driver.server.results_api import ReceivedResult
 from elasticrun.errors import JobFailedError
 from elasticrun.job_config import build_parts
+from elasticrun.process_setup import LogFormatter, raise_open_file_limit
 from elasticrun.timed import within
 
 SIGINT_CODE = 130
@@ -47,7 +47,7 @@ def run_function(config: DriverConfig, payload: bytes, env: Mapping[str, str],
     the results of the last round's workers in rank order. Raises ElasticrunError (the
     job failed), or KeyboardInterrupt once an interrupted job has stopped."""
     parts = build_parts(config)
-    _raise_open_file_limit()
+    raise_open_file_limit()
     output = OutputRouter(_binary(sys.stdout), _binary(sys.stderr), config.output_filename,
                           config.prefix_timestamp)
     driver = Driver(config, parts, output, extra_env=env)
@@ -232,7 +232,7 @@ def _logging(level: str) -> Iterator[None]:
     handler: logging.Handler | None = None
     if not logger.handlers and not logging.getLogger().handlers:
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(_LogFormatter())
+        handler.setFormatter(LogFormatter())
         logger.addHandler(handler)
         logger.propagate = False
     logger.setLevel(level)

@@ -31,7 +31,7 @@ def captured(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         raise SystemExit(0)
 
     monkeypatch.setattr(elasticrun.cli, "build_config", fake_build_config)
-    monkeypatch.setattr(elasticrun.cli, "_setup_logging",
+    monkeypatch.setattr(elasticrun.cli, "setup_logging",
                         lambda level: seen.__setitem__("log_level", level))
     return seen
 

@@ -33,7 +33,7 @@ def run_main(args: list[str]) -> tuple[int | None, str]:
     raw = io.BytesIO()
     stderr = io.TextIOWrapper(raw, encoding="utf-8", errors="replace")
     with mock.patch.object(cli, "OutputRouter", side_effect=Started), \
-            mock.patch.object(cli, "_setup_logging"), contextlib.redirect_stderr(stderr):
+            mock.patch.object(cli, "setup_logging"), contextlib.redirect_stderr(stderr):
         try:
             cli.main(args)
             code: int | None = 0
