@@ -82,7 +82,7 @@ def throughput(trials: int, quick: bool) -> dict[str, Any]:
 def commit(trials: int, quick: bool) -> dict[str, Any]:
     import torch
 
-    from elasticrun.torch.state import TorchState
+    from elasticrun.torch.elastic.state import TorchState
 
     width = 1024 if quick else 4096
     layers = 2 if quick else 6

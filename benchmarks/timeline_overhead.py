@@ -102,7 +102,7 @@ def event_costs(events: int = 20_000) -> dict[str, float]:
     encoding it, then JSON as the client sends it."""
     sys.path.insert(0, str(SCRIPTS.parents[1]))
     from elasticrun.driver.operate.timeline import JobTimeline
-    from elasticrun.torch.boundary import collective
+    from elasticrun.torch.world.boundary import collective
     from elasticrun.worker import timeline
 
     class Client:  # the driver, as far as the sender can tell

@@ -34,7 +34,7 @@ from model import (  # noqa: E402
 )
 
 import elasticrun.torch as er  # noqa: E402
-from elasticrun.torch import runtime  # noqa: E402
+from elasticrun.torch.world import runtime  # noqa: E402
 
 COMMIT_EVERY = int(os.environ.get("BENCH_COMMIT_EVERY", "1"))
 

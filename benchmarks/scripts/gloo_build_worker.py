@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 import elasticrun.torch as er
 from elasticrun import protocol
-from elasticrun.torch import runtime
+from elasticrun.torch.world import runtime
 
 TRIALS = int(os.environ.get("BENCH_TRIALS", "3"))
 OUT = os.environ.get("BENCH_OUT", "/dev/null")

@@ -18,13 +18,13 @@ import logging
 import secrets
 import signal
 import time
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 
 from elasticrun import protocol
+from elasticrun.agent.outbox import Outbox
 from elasticrun.agent.workers import AgentWorkers
 from elasticrun.launch import agent_wire as wire
 from elasticrun.timed import within
@@ -34,7 +34,6 @@ log = logging.getLogger("elasticrun.agent")
 HEARTBEAT_S = 2.0  # pings to the driver; its silence is measured against the grace
 RETRY_S = (0.1, 0.2, 0.5, 1.0)  # between connection attempts
 CONNECT_TIMEOUT_S = 10.0  # one attempt: TCP, the upgrade, hello and welcome
-OUTBOX_BYTES = 8 * 1024 * 1024  # output kept while the driver is away; older output is dropped
 
 
 @dataclass(frozen=True)
@@ -62,10 +61,8 @@ class Agent:
     def __init__(self, settings: AgentSettings) -> None:
         self.settings = settings
         self._id = secrets.token_hex(8)
-        self._outbox: deque[wire.Message] = deque()
-        self._outbox_bytes = 0
-        self._wake_sender = asyncio.Event()
-        self._workers = AgentWorkers(settings.token, settings.working_dir, self._emit)
+        self._outbox = Outbox()
+        self._workers = AgentWorkers(settings.token, settings.working_dir, self._outbox.put)
         self._last_heard = time.monotonic()
         self._draining = False
         self._result: asyncio.Future[int] = asyncio.get_running_loop().create_future()
@@ -127,7 +124,7 @@ class Agent:
             return
         self._draining = True
         log.info("%s: draining (the workers leave at the job's next commit)", sig.name)
-        self._emit(wire.Drain())
+        self._outbox.put(wire.Drain())
         self._workers.changed.set()
         asyncio.get_running_loop().call_later(self.settings.drain_timeout, self._drain_expired)
 
@@ -185,8 +182,7 @@ class Agent:
                 raise Refused(f"{reason} (is --token-file the job's agent token?)") from None
             raise aiohttp.ClientError(f"{reason} ({exc.status})") from None
         # Workers that ended while the driver was away count too: their exits are queued.
-        known = self._workers.ids() + [m.worker for m in self._outbox
-                                       if isinstance(m, wire.Exited)]
+        known = self._workers.ids() + self._outbox.exited()
         await ws.send_str(wire.encode(wire.Hello(
             self.settings.host, self.settings.slots, self._id, tuple(known), self._draining)))
         reply = await within(ws.receive(), 10.0)
@@ -209,7 +205,7 @@ class Agent:
         """One connection: messages in, messages out, pings, drain progress. Returns when
         the connection breaks; raises DriverGone."""
         tasks = [asyncio.ensure_future(coro) for coro in (
-            self._receive(ws), self._send(ws), self._ping(ws), self._watch_drain(ws))]
+            self._receive(ws), self._outbox.send_all(ws), self._ping(ws), self._watch_drain(ws))]
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
@@ -242,7 +238,7 @@ class Agent:
     async def _handle(self, message: wire.Message) -> None:
         if isinstance(message, wire.Start):
             if self._draining:
-                self._emit(wire.StartFailed(message.worker, "the agent is draining"))
+                self._outbox.put(wire.StartFailed(message.worker, "the agent is draining"))
             else:
                 await self._workers.start(message)
         elif isinstance(message, wire.Stop):
@@ -251,16 +247,6 @@ class Agent:
             log.info("the job is over (exit code %d): stopping %d worker(s)", message.code,
                      len(self._workers))
             await self._stop_and_finish(0)
-
-    async def _send(self, ws: aiohttp.ClientWebSocketResponse) -> None:
-        while True:
-            while self._outbox:
-                message = self._outbox[0]
-                await ws.send_str(wire.encode(message))
-                self._outbox.popleft()
-                self._outbox_bytes -= _size(message)
-            self._wake_sender.clear()
-            await self._wake_sender.wait()
 
     async def _ping(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         while True:
@@ -274,31 +260,11 @@ class Agent:
         while not self._drained():
             await self._workers.changed.wait()
             self._workers.changed.clear()
-        self._emit(wire.Bye())
+        self._outbox.put(wire.Bye())
         with contextlib.suppress(Exception):
-            await within(self._flushed(), 2.0)
+            await within(self._outbox.flushed(), 2.0)
         log.info("drained: every worker has left")
         self._finish(0)
 
     def _drained(self) -> bool:
         return self._draining and len(self._workers) == 0
-
-    async def _flushed(self) -> None:
-        while self._outbox:
-            await asyncio.sleep(0.01)
-
-    def _emit(self, message: wire.Message) -> None:
-        """Queues a message for the driver; while it is away, old output makes room."""
-        self._outbox.append(message)
-        self._outbox_bytes += _size(message)
-        while self._outbox_bytes > OUTBOX_BYTES:
-            dropped = next((m for m in self._outbox if isinstance(m, wire.Output)), None)
-            if dropped is None:
-                break
-            self._outbox.remove(dropped)
-            self._outbox_bytes -= _size(dropped)
-        self._wake_sender.set()
-
-
-def _size(message: wire.Message) -> int:
-    return len(message.data) if isinstance(message, wire.Output) else 64

@@ -5,7 +5,7 @@ why (never AttributeError)."""
 from typing import Any
 
 from elasticrun.errors import NotSupportedError
-from elasticrun.torch import elastic, runtime
+from elasticrun.torch import elastic
 from elasticrun.torch.builds import (
     ccl_built,
     cuda_built,
@@ -19,23 +19,53 @@ from elasticrun.torch.builds import (
     nccl_built,
     rocm_built,
 )
-from elasticrun.torch.collectives import (
+from elasticrun.torch.collectives.allgather import (
     allgather,
     allgather_async,
-    alltoall,
-    alltoall_async,
-    barrier,
+    grouped_allgather,
+    grouped_allgather_async,
+    sparse_allreduce_async,
+)
+from elasticrun.torch.collectives.allreduce import (
+    allreduce,
+    allreduce_,
+    allreduce_async,
+    allreduce_async_,
+    grouped_allreduce,
+    grouped_allreduce_,
+    grouped_allreduce_async,
+    grouped_allreduce_async_,
+)
+from elasticrun.torch.collectives.alltoall import alltoall, alltoall_async
+from elasticrun.torch.collectives.barrier import barrier
+from elasticrun.torch.collectives.broadcast import (
     broadcast,
     broadcast_,
     broadcast_async,
     broadcast_async_,
-    grouped_allgather,
-    grouped_allgather_async,
+)
+from elasticrun.torch.collectives.handles import poll, synchronize
+from elasticrun.torch.collectives.join import join
+from elasticrun.torch.collectives.process_sets import (
+    ProcessSet,
+    add_process_set,
+    global_process_set,
+    remove_process_set,
+)
+from elasticrun.torch.collectives.reduce_ops import (
+    Adasum,
+    Average,
+    Max,
+    Min,
+    Product,
+    ReduceOp,
+    Sum,
+)
+from elasticrun.torch.collectives.reducescatter import (
     grouped_reducescatter,
     grouped_reducescatter_async,
     reducescatter,
     reducescatter_async,
-    sparse_allreduce_async,
 )
 from elasticrun.torch.compression import Compression
 from elasticrun.torch.functions import (
@@ -44,41 +74,19 @@ from elasticrun.torch.functions import (
     broadcast_optimizer_state,
     broadcast_parameters,
 )
-from elasticrun.torch.handles import poll, synchronize
-from elasticrun.torch.join import join
-from elasticrun.torch.ops import (
-    Adasum,
-    Average,
-    Max,
-    Min,
-    Product,
-    ReduceOp,
-    Sum,
-    allreduce,
-    allreduce_,
-    allreduce_async,
-    allreduce_async_,
+from elasticrun.torch.optimizer import DistributedOptimizer
+from elasticrun.torch.sync_batch_norm import SyncBatchNorm
+from elasticrun.torch.world import runtime
+from elasticrun.torch.world.place import (
     cross_rank,
     cross_size,
-    grouped_allreduce,
-    grouped_allreduce_,
-    grouped_allreduce_async,
-    grouped_allreduce_async_,
     local_rank,
     local_size,
     rank,
     size,
 )
-from elasticrun.torch.optimizer import DistributedOptimizer
-from elasticrun.torch.plane import process_group_for
-from elasticrun.torch.process_sets import (
-    ProcessSet,
-    add_process_set,
-    global_process_set,
-    remove_process_set,
-)
-from elasticrun.torch.runtime import is_initialized, shutdown
-from elasticrun.torch.sync_batch_norm import SyncBatchNorm
+from elasticrun.torch.world.plane import process_group_for
+from elasticrun.torch.world.runtime import is_initialized, shutdown
 from elasticrun.worker.elastic import WorkersFailedError
 from elasticrun.worker.timeline import start_timeline, stop_timeline
 

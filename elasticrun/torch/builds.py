@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from elasticrun.torch import runtime
+from elasticrun.torch.world import runtime
 
 
 def gloo_built() -> bool:

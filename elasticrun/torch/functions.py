@@ -13,10 +13,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from elasticrun.torch import join, plane, runtime
-from elasticrun.torch.boundary import collective
-from elasticrun.torch.fusion import fused_collective
-from elasticrun.torch.process_sets import ProcessSet, check, global_process_set
+from elasticrun.torch.collectives import join
+from elasticrun.torch.collectives.fusion import fused_collective
+from elasticrun.torch.collectives.process_sets import ProcessSet, check, global_process_set
+from elasticrun.torch.world import plane, runtime
+from elasticrun.torch.world.boundary import collective
 
 
 def _rank() -> int:

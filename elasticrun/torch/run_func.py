@@ -21,7 +21,7 @@ from typing import Any
 import cloudpickle
 
 from elasticrun import protocol
-from elasticrun.torch import runtime
+from elasticrun.torch.world import runtime
 from elasticrun.worker.client import DriverClient, DriverUnreachableError, RequestRefusedError
 from elasticrun.worker.elastic import WorkersFailedError, describe_failure
 

@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from torch.autograd.function import Function, once_differentiable
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from elasticrun.torch import plane, runtime
-from elasticrun.torch.boundary import collective
+from elasticrun.torch.world import plane, runtime
+from elasticrun.torch.world.boundary import collective
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -71,7 +71,7 @@ class Backend(Protocol):
     # Optional (a backend without it always starts an agreement):
     # carried_agreement() -> Callable[[], bool] | None, the answer of a vote that every
     # rank's last step already carried (consumed by the call), or None when there is none.
-    # It must return one on every rank at the same commits (elasticrun/torch/host_vote.py).
+    # It must return one on every rank at the same commits (collectives/host_vote.py).
 
     def hosts_changed(self) -> bool:
         """Whether this process knows of a host change the current round does not reflect."""

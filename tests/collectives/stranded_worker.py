@@ -22,9 +22,9 @@ import torch.distributed as dist
 
 import elasticrun.torch as er
 from elasticrun.protocol import SlotInfo
-from elasticrun.torch import runtime
-from elasticrun.torch.groups import default_group
-from elasticrun.torch.session import RoundSession
+from elasticrun.torch.world import runtime
+from elasticrun.torch.world.groups import default_group
+from elasticrun.torch.world.session import RoundSession
 from elasticrun.worker.elastic import WorkersFailedError
 
 COLLECTIVE_TIMEOUT_S = 30.0

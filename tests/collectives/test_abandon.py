@@ -31,7 +31,7 @@ def _stranded(rank: int) -> dict[str, object]:
     import torch
 
     import elasticrun.torch as hvd
-    from elasticrun.torch import runtime
+    from elasticrun.torch.world import runtime
     from elasticrun.worker.elastic import WorkersFailedError
 
     if rank == 2:  # alive, in the group, but never joins the collective

@@ -8,8 +8,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from elasticrun.torch import runtime
-from elasticrun.torch.adasum import _combine_fused, adasum_allreduce_, adasum_reference, combine
+from elasticrun.torch.collectives.adasum import (
+    _combine_fused,
+    adasum_allreduce_,
+    adasum_reference,
+    combine,
+)
+from elasticrun.torch.world import runtime
 from tests.collectives.conftest import world_of
 
 

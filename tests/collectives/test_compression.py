@@ -5,14 +5,14 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from elasticrun.torch import runtime
-from elasticrun.torch.boundary import collective
 from elasticrun.torch.compression import (
     Compression,
     Compressor,
     FP16Compressor,
     NoneCompressor,
 )
+from elasticrun.torch.world import runtime
+from elasticrun.torch.world.boundary import collective
 from tests.collectives.conftest import world_of
 
 

@@ -14,9 +14,10 @@ import torch
 from torch import nn
 
 import elasticrun.torch as er
-from elasticrun.torch import elastic, runtime
-from elasticrun.torch.fusion import ALONE_BYTES
-from elasticrun.torch.optimizer import _vote_bucket
+from elasticrun.torch import elastic
+from elasticrun.torch.collectives.fusion import ALONE_BYTES
+from elasticrun.torch.optimizer.buckets import vote_bucket as _vote_bucket
+from elasticrun.torch.world import runtime
 from tests.collectives.conftest import world_of
 
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import elasticrun.torch as hvd
-from elasticrun.torch import runtime
+from elasticrun.torch.world import runtime
 from tests.collectives.conftest import world_of
 
 

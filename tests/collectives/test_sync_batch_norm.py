@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import torch
 
-from elasticrun.torch import runtime
 from elasticrun.torch.sync_batch_norm import SyncBatchNorm
+from elasticrun.torch.world import runtime
 from tests.collectives.conftest import world_of
 
 CHANNELS = 3

@@ -29,9 +29,9 @@ def _serve(rank: int, size: int, store_path: str, tasks: Any, results: Any,
     import torch.distributed as dist
 
     from elasticrun.protocol import SlotInfo
-    from elasticrun.torch import runtime
-    from elasticrun.torch.devices import DataPlane, nccl_environment
-    from elasticrun.torch.session import RoundSession
+    from elasticrun.torch.world import runtime
+    from elasticrun.torch.world.devices import DataPlane, nccl_environment
+    from elasticrun.torch.world.session import RoundSession
 
     slot = SlotInfo("localhost", rank, size, rank, size, 0, 1)
     live = runtime.Runtime(collective_timeout=COLLECTIVE_TIMEOUT_S)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 import elasticrun.torch as hvd
-from elasticrun.torch import plane, runtime
+from elasticrun.torch.world import plane, runtime
 
 
 def where() -> tuple[str, str, bool]:
@@ -106,7 +106,7 @@ def join_serves_cuda_allreduces() -> list[float]:
 
 def _new_round(number: int) -> None:
     """Leaves this rank's round and builds the next one in-process, as a reset does."""
-    from elasticrun.torch.session import RoundSession
+    from elasticrun.torch.world.session import RoundSession
 
     live = runtime.current()
     old = live.session

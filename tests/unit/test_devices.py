@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from elasticrun.errors import ConfigError
-from elasticrun.torch.devices import (
+from elasticrun.torch.world.devices import (
     NCCL_ENV,
     DataPlane,
     Devices,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from elasticrun.torch.fusion import buckets, fused_collective
+from elasticrun.torch.collectives.fusion import buckets, fused_collective
 
 
 def doubling(seen: list[torch.Tensor]):  # type: ignore[no-untyped-def]

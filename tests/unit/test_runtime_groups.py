@@ -18,10 +18,10 @@ import torch.distributed as dist
 
 from elasticrun import protocol
 from elasticrun.protocol import SlotInfo
-from elasticrun.torch import groups, runtime
-from elasticrun.torch.boundary import collective
-from elasticrun.torch.fusion import fused_collective
-from elasticrun.torch.session import RoundSession
+from elasticrun.torch.collectives.fusion import fused_collective
+from elasticrun.torch.world import groups, runtime
+from elasticrun.torch.world.boundary import collective
+from elasticrun.torch.world.session import RoundSession
 from elasticrun.worker.client import DriverClient, RequestRefusedError
 from elasticrun.worker.elastic import HostsUpdatedInterrupt, WorkersFailedError
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from elasticrun.torch.snapshot import Placement, snapshot, snapshot_tensors
-from elasticrun.torch.state import TorchState
+from elasticrun.torch.elastic.snapshot import Placement, snapshot, snapshot_tensors
+from elasticrun.torch.elastic.state import TorchState
 
 
 def test_model_buffers_are_refilled_in_place() -> None:

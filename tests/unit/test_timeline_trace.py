@@ -326,7 +326,7 @@ def test_settings_from_env(env: dict[str, str], expected: tuple[bool, str | None
 
 
 def test_collective_boundary_records_bytes_and_op() -> None:
-    from elasticrun.torch.boundary import collective
+    from elasticrun.torch.world.boundary import collective
 
     client = FakeClient()
     attach(client)

@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import pytest
 
-from elasticrun.torch.works import WAIT_SLICE, InFlight, wait_abortably
+from elasticrun.torch.world.works import WAIT_SLICE, InFlight, wait_abortably
 from elasticrun.worker.elastic import WorkersFailedError
 
 

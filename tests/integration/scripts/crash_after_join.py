@@ -11,7 +11,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import elastic_train  # noqa: E402
 
-from elasticrun.torch import runtime  # noqa: E402
+from elasticrun.torch.world import runtime  # noqa: E402
 
 if os.environ.get("ELASTICRUN_HOSTNAME") == os.environ["CRASH_HOST"]:
     build = runtime._init_process_group

@@ -8,7 +8,7 @@ import json
 import torch
 
 import elasticrun.torch as er
-from elasticrun.torch import runtime
+from elasticrun.torch.world import runtime
 
 er.init()
 session = runtime.current().session

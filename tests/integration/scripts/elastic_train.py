@@ -96,7 +96,7 @@ class LoggedState(er.elastic.TorchState):
 def main() -> None:
     log("start", at=STARTED)
     er.init()
-    from elasticrun.torch import runtime
+    from elasticrun.torch.world import runtime
 
     device = torch.device("cpu")
     if DEVICE == "cuda":

@@ -9,10 +9,12 @@ import torch
 import torch.distributed as dist
 
 from elasticrun.protocol import Notice
-from elasticrun.torch import functions, host_vote, join, ops, plane, runtime
-from elasticrun.torch.boundary import collective
-from elasticrun.torch.sampler import ElasticSampler
-from elasticrun.torch.state import TorchState
+from elasticrun.torch import functions
+from elasticrun.torch.collectives import host_vote, join
+from elasticrun.torch.elastic.sampler import ElasticSampler
+from elasticrun.torch.elastic.state import TorchState
+from elasticrun.torch.world import place, plane, runtime
+from elasticrun.torch.world.boundary import collective
 from elasticrun.worker.elastic import (
     HostsUpdatedInterrupt,
     ObjectState,
@@ -41,7 +43,7 @@ class TorchBackend:
 
     def start_agreement(self, flag: bool) -> Callable[[], bool]:
         host_vote.discard()  # whatever a step carried is older than this vote
-        if ops.size() == 1:
+        if place.size() == 1:
             return lambda: flag
         vote = torch.tensor([1 if flag else 0], dtype=torch.int32)
         # announced like an allreduce, so a rank that called join() serves it too

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from elasticrun.errors import NotSupportedError
-from elasticrun.torch import runtime
+from elasticrun.torch.world import runtime
 
 _WHY = ("elasticrun supports only the global process set: ranks change at every reset of "
         "an elastic job, so a fixed subset of them has no meaning")

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from elasticrun.torch.boundary import collective
-from elasticrun.torch.fusion import Waitable
+from elasticrun.torch.collectives.fusion import Waitable
+from elasticrun.torch.world.boundary import collective
 from elasticrun.worker import timeline
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from elasticrun.torch import runtime
+from elasticrun.torch.world import runtime
 
 
 @dataclass

@@ -14,11 +14,15 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from elasticrun.torch.boundary import collective
+from elasticrun.torch.world.boundary import collective
 from elasticrun.worker import timeline
 
 DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
 ALONE_BYTES = 1024 * 1024
+
+
+def nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
 
 
 def buckets(tensors: Sequence[torch.Tensor], bucket_bytes: int,

@@ -19,67 +19,26 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from elasticrun.torch import handles, host_vote, runtime
-from elasticrun.torch.collectives import sparse_allreduce_async
+from elasticrun.torch.collectives import handles, host_vote
+from elasticrun.torch.collectives.allgather import sparse_allreduce_async
+from elasticrun.torch.collectives.allreduce import start_grouped
+from elasticrun.torch.collectives.process_sets import ProcessSet, check, global_process_set
+from elasticrun.torch.collectives.reduce_ops import Adasum, Average, ReduceOp, Sum, resolve_op
 from elasticrun.torch.compression import Compression, Compressor
-from elasticrun.torch.fusion import ALONE_BYTES
-from elasticrun.torch.ops import Adasum, Average, ReduceOp, Sum, resolve_op, size, start_grouped
-from elasticrun.torch.process_sets import ProcessSet, check, global_process_set
+from elasticrun.torch.optimizer.buckets import (
+    BUCKET_BYTES,
+    Bucket,
+    fused_float_dtype,
+    layout,
+    vote_bucket,
+)
+from elasticrun.torch.world import runtime
+from elasticrun.torch.world.place import size
 from elasticrun.worker import timeline
-
-BUCKET_BYTES = 4 * 1024 * 1024  # small enough to overlap backward on CPU models
-
-
-@dataclass
-class _Bucket:
-    params: list[torch.Tensor]
-    ready: int = 0  # parameters whose last backward pass of this step is done
-    pending: handles.Pending | None = None
-    grads: list[torch.Tensor] = field(default_factory=list)  # what is being reduced
-    contexts: list[Any] = field(default_factory=list)
-    sparse: list[tuple[torch.Tensor, int]] = field(default_factory=list)
-    vote: torch.Tensor | None = None  # the host-change vote riding with the gradients
-
-
-def _layout(params: list[torch.Tensor], groups: int | Sequence[Sequence[torch.Tensor]] | None,
-            bucket_bytes: int) -> list[list[torch.Tensor]]:
-    """Buckets in launch order. Gradients arrive roughly from the last layer to the first,
-    so buckets follow the parameters backwards."""
-    backwards = list(reversed(params))
-    if isinstance(groups, int) and groups > 0:
-        per = -(-len(backwards) // groups)
-        return [backwards[i:i + per] for i in range(0, len(backwards), per)]
-    if groups is not None and not isinstance(groups, int):
-        listed = [[p for p in group if p.requires_grad] for group in groups]
-        seen = {id(p) for group in listed for p in group}
-        if len(seen) != sum(len(group) for group in listed):
-            raise ValueError("groups: a parameter can only appear once in groups")
-        return [g for g in listed if g] + [[p] for p in backwards if id(p) not in seen]
-    layout: list[list[torch.Tensor]] = []
-    used = bucket_bytes
-    for p in backwards:
-        nbytes = p.numel() * p.element_size()
-        if not layout or used + nbytes > bucket_bytes or p.dtype != layout[-1][0].dtype \
-                or p.device != layout[-1][0].device:
-            layout.append([])
-            used = 0
-        layout[-1].append(p)
-        used += nbytes
-    return layout
-
-
-def _vote_bucket(layout: list[list[torch.Tensor]]) -> int:
-    """The bucket that carries the host-change vote: the last one to start that fuses some
-    of its tensors (so the vote costs no collective of its own), else the last one."""
-    for index in range(len(layout) - 1, -1, -1):
-        if any(p.numel() * p.element_size() < ALONE_BYTES for p in layout[index]):
-            return index
-    return len(layout) - 1
 
 
 class _DistributedMixin:
@@ -118,11 +77,11 @@ class _DistributedMixin:
         self._er_sparse_as_dense = sparse_as_dense
         self._er_passes = backward_passes_per_step
         trainable = [p for p in params if p.requires_grad]
-        self._er_buckets = [_Bucket(b) for b in _layout(trainable, groups, BUCKET_BYTES)]
+        self._er_buckets = [Bucket(b) for b in layout(trainable, groups, BUCKET_BYTES)]
         self._er_bucket_of = {id(p): i for i, b in enumerate(self._er_buckets) for p in b.params}
         # A summed vote survives the scaling of Average and Sum; other ops (and a predivided
         # average) leave the agreement to its own collective.
-        self._er_vote_bucket = _vote_bucket([b.params for b in self._er_buckets]) \
+        self._er_vote_bucket = vote_bucket([b.params for b in self._er_buckets]) \
             if op in (Average, Sum) and gradient_predivide_factor == 1.0 else -1
         self._er_delay = {id(p): backward_passes_per_step for p in trainable}
         self._er_next = 0  # the first bucket not started yet in this step
@@ -191,7 +150,7 @@ class _DistributedMixin:
         bucket.contexts = [context for _, context in compressed]
         tensors = [c for c, _ in compressed]
         if index == self._er_vote_bucket and size() > 1:
-            bucket.vote = host_vote.ballot(_fused_float_dtype(tensors), bucket.params[0].device)
+            bucket.vote = host_vote.ballot(fused_float_dtype(tensors), bucket.params[0].device)
             tensors.append(bucket.vote)
         name = self._er_names.get(id(bucket.params[0]), "")
         bucket.pending = start_grouped(tensors, self._er_op, name,
@@ -272,14 +231,6 @@ class _DistributedMixin:
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._er_forget()
         super().load_state_dict(state_dict)  # type: ignore[misc]
-
-
-def _fused_float_dtype(tensors: list[torch.Tensor]) -> torch.dtype:
-    """The dtype the vote takes: that of a tensor it can share a fused bucket with."""
-    for tensor in reversed(tensors):
-        if tensor.dtype.is_floating_point and tensor.numel() * tensor.element_size() < ALONE_BYTES:
-            return tensor.dtype
-    return torch.float32
 
 
 def DistributedOptimizer(  # noqa: N802 - a factory named like the class it makes, as in Horovod

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
-from elasticrun.torch import ops, runtime
+from elasticrun.torch.world import place, runtime
 
 
 class ElasticSampler(Sampler[int]):
@@ -60,7 +60,7 @@ class ElasticSampler(Sampler[int]):
     def reset(self) -> None:
         """Repartitions the samples not yet processed over the current world."""
         if runtime.is_initialized():
-            self.num_replicas, self.rank = ops.size(), ops.rank()
+            self.num_replicas, self.rank = place.size(), place.rank()
         remaining = [i for i in self._epoch_order() if i not in self.processed_indices]
         target = math.ceil(len(remaining) / self.num_replicas) * self.num_replicas
         padded = (remaining * math.ceil(target / len(remaining)))[:target] if remaining else []

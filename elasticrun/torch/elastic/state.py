@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from elasticrun.torch import functions
-from elasticrun.torch.snapshot import Placement, snapshot, snapshot_tensors
+from elasticrun.torch.elastic.snapshot import Placement, snapshot, snapshot_tensors
 from elasticrun.worker.elastic import Backend, State
 
 _RESERVED = {"model", "optimizer"}

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from elasticrun.torch import runtime
+from elasticrun.torch.world import runtime
 
 Work = Any  # a torch Work, or _Staged
 

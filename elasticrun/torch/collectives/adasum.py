@@ -26,9 +26,9 @@ from collections.abc import Sequence
 
 import torch
 
-from elasticrun.torch import plane, runtime
-from elasticrun.torch.boundary import collective
-from elasticrun.torch.fusion import DEFAULT_BUCKET_BYTES, buckets
+from elasticrun.torch.collectives.fusion import DEFAULT_BUCKET_BYTES, buckets
+from elasticrun.torch.world import plane, runtime
+from elasticrun.torch.world.boundary import collective
 
 # Horovod's guard: a (near-)zero gradient keeps its coefficient at 1.
 _MIN_NORM_SQ = math.sqrt(sys.float_info.min)

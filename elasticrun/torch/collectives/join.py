@@ -18,8 +18,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from elasticrun.torch import host_vote, plane, runtime
-from elasticrun.torch.boundary import collective
+from elasticrun.torch.collectives import host_vote
+from elasticrun.torch.world import plane, runtime
+from elasticrun.torch.world.boundary import collective
 
 # The kinds of collective a header announces. A joined rank serves ALLREDUCE only.
 ALLREDUCE, BROADCAST, ALLGATHER, ALLTOALL, REDUCESCATTER, BARRIER, ADASUM, OBJECT = range(1, 9)

@@ -28,16 +28,15 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from elasticrun import protocol
 from elasticrun.protocol import SlotInfo
-from elasticrun.torch.boundary import collective
-from elasticrun.torch.devices import DataPlane
-from elasticrun.torch.groups import (
+from elasticrun.torch.world.boundary import collective
+from elasticrun.torch.world.devices import DataPlane
+from elasticrun.torch.world.groups import (
     abort_nccl,
     agree_on_nccl,
     default_group,
@@ -45,7 +44,7 @@ from elasticrun.torch.groups import (
     init_nccl_group,
     init_process_group,
 )
-from elasticrun.torch.works import InFlight, drop_when_done, wait_abortably
+from elasticrun.torch.world.works import InFlight, drop_when_done, wait_abortably
 from elasticrun.worker.elastic import WorkersFailedError
 from elasticrun.worker.sockets import new_tcp_sockets, open_socket_fds, sever
 from elasticrun.worker.store import DriverStore
@@ -56,15 +55,6 @@ log = logging.getLogger("elasticrun.worker")
 ABANDON_SLACK_S = 5.0
 # Builds the default process group: (slot, store, collective timeout in seconds).
 Connect = Callable[[SlotInfo, dist.Store, float], None]
-
-
-@dataclass
-class JoinTiming:
-    """Wall-clock times of this worker's last join (for benchmarks and debugging)."""
-
-    asked: float = 0.0  # the join request was sent
-    assigned: float = 0.0  # the driver answered with this worker's place in the round
-    built: float = 0.0  # the round's process group is built
 
 
 class RoundSession:

@@ -5,101 +5,31 @@ handle for `poll`/`synchronize`, with Horovod's keywords (`op`, the deprecated `
 `name`, `compression`, `prescale_factor`, `postscale_factor`, `process_set`). Each raises
 WorkersFailedError when it fails to communicate (a peer died, hung, or the round broke);
 misuse (ValueError, TypeError) passes unchanged. Adasum is the real adaptive summation
-(elasticrun/torch/adasum.py), not an alias.
+(elasticrun/torch/collectives/adasum.py), not an alias.
 """
 
 from __future__ import annotations
 
-import enum
 import time
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from elasticrun.torch import fusion, handles, join, plane, runtime
-from elasticrun.torch.adasum import adasum_allreduce_
-from elasticrun.torch.boundary import collective
+from elasticrun.torch.collectives import fusion, handles, join
+from elasticrun.torch.collectives.adasum import adasum_allreduce_
+from elasticrun.torch.collectives.process_sets import ProcessSet, check, global_process_set
+from elasticrun.torch.collectives.reduce_ops import (
+    TORCH_OPS,
+    ReduceOp,
+    divide_,
+    resolve_op,
+    scale_,
+)
 from elasticrun.torch.compression import Compression, Compressor
-from elasticrun.torch.process_sets import ProcessSet, check, global_process_set
-
-
-class ReduceOp(enum.Enum):
-    AVERAGE = "average"
-    SUM = "sum"
-    ADASUM = "adasum"
-    MIN = "min"
-    MAX = "max"
-    PRODUCT = "product"
-
-
-Average, Sum, Adasum, Min, Max, Product = (ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.ADASUM,
-                                           ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT)
-TORCH_OPS = {
-    ReduceOp.AVERAGE: dist.ReduceOp.SUM, ReduceOp.SUM: dist.ReduceOp.SUM,
-    ReduceOp.MIN: dist.ReduceOp.MIN, ReduceOp.MAX: dist.ReduceOp.MAX,
-    ReduceOp.PRODUCT: dist.ReduceOp.PRODUCT,
-}
-
-
-def rank() -> int:
-    return runtime.current().slot.rank
-
-
-def size() -> int:
-    return runtime.current().slot.size
-
-
-def local_rank() -> int:
-    return runtime.current().slot.local_rank
-
-
-def local_size() -> int:
-    return runtime.current().slot.local_size
-
-
-def cross_rank() -> int:
-    return runtime.current().slot.cross_rank
-
-
-def cross_size() -> int:
-    return runtime.current().slot.cross_size
-
-
-def resolve_op(op: ReduceOp | None, average: bool | None) -> ReduceOp:
-    """Horovod's rule for the deprecated `average` argument: `op` wins, both is an error."""
-    if op is not None:
-        if average is not None:
-            raise ValueError("The op parameter supersedes average. Please provide only one "
-                             "of them.")
-        if not isinstance(op, ReduceOp):
-            raise ValueError(f"op={op!r}: expected one of Average, Sum, Adasum, Min, Max, "
-                             "Product")
-        return op
-    if average is not None:
-        warnings.warn("Parameter `average` has been replaced with `op` and will be removed in "
-                      "v1.0", DeprecationWarning, stacklevel=3)
-        return Average if average else Sum
-    return Average
-
-
-def scale_(tensor: torch.Tensor, factor: float) -> None:
-    """Multiplies in place; integers are scaled in double and truncated, as Horovod does."""
-    if factor == 1.0:
-        return
-    if tensor.is_floating_point() or tensor.is_complex():
-        tensor.mul_(factor)
-    else:
-        tensor.copy_((tensor.double() * factor).to(tensor.dtype))
-
-
-def _divide(tensor: torch.Tensor, divisor: int) -> None:
-    if tensor.is_floating_point() or tensor.is_complex():
-        tensor.div_(divisor)
-    else:
-        tensor.floor_divide_(divisor)
+from elasticrun.torch.world import plane
+from elasticrun.torch.world.boundary import collective
+from elasticrun.torch.world.place import size
 
 
 def _start_allreduce(flat: torch.Tensor, op: ReduceOp) -> list[fusion.Waitable]:
@@ -138,7 +68,7 @@ def start_grouped(tensors: Sequence[torch.Tensor], op: ReduceOp, name: str | Non
         for index, bucket in enumerate(launched):
             fusion.record(what, index, bucket, waited)
             if op is ReduceOp.AVERAGE:
-                _divide(bucket.flat, world)
+                divide_(bucket.flat, world)
             scale_(bucket.flat, postscale_factor)
             fusion.unflatten(bucket, tensors)
         return tensors

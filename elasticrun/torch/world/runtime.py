@@ -24,16 +24,15 @@ from elasticrun import protocol
 from elasticrun.errors import ConfigError
 from elasticrun.netif import interface_towards
 from elasticrun.protocol import SlotInfo
-from elasticrun.torch import devices
-from elasticrun.torch.devices import DataPlane
-from elasticrun.torch.groups import group_count as _group_count  # noqa: F401 - tests use it
-from elasticrun.torch.groups import init_process_group as _init_process_group
-from elasticrun.torch.session import JoinTiming, RoundSession
+from elasticrun.torch.world import devices
+from elasticrun.torch.world.devices import DataPlane
+from elasticrun.torch.world.groups import group_count as _group_count  # noqa: F401 - tests use it
+from elasticrun.torch.world.groups import init_process_group as _init_process_group
+from elasticrun.torch.world.joining import JoinTiming, join_next_round
+from elasticrun.torch.world.session import RoundSession
 from elasticrun.worker import timeline
 from elasticrun.worker.client import DriverClient, DriverUnreachableError, RequestRefusedError
-from elasticrun.worker.elastic import WorkersFailedError, describe_failure
 from elasticrun.worker.notices import NoticeWatcher
-from elasticrun.worker.store import DriverStore
 
 log = logging.getLogger("elasticrun.worker")
 
@@ -205,55 +204,7 @@ class Runtime:
                 return False
 
     def _join(self, last_round: int, failure: str, committed: bool) -> None:
-        """Joins the next round and builds its group. If a peer fails while the group is
-        being built (it died, hung, or the round broke), asks for the round after it."""
-        assert self.client is not None
-        give_up = time.monotonic() + self.round_timeout
-        timing = JoinTiming(asked=time.time())
-        asked = timing.asked  # of this request (after a failed build, a new one)
-        while True:
-            reply = protocol.JoinReply.from_json(self.client.call(
-                protocol.PATH_JOIN,
-                {"worker_id": self.worker_id, "last_round": last_round,
-                 "failure": failure, "committed": committed},
-                wait=protocol.MAX_POLL_S,
-            ))
-            if reply.action == "exit":
-                timeline.instant("leaves the job", "round", reason=reply.reason)
-                print(f"elasticrun: this worker leaves the job ({reply.reason})",
-                      file=sys.stderr)
-                raise SystemExit(0)
-            if reply.action == "run" and reply.slot is not None:
-                timing.assigned = time.time()
-                timeline.record("rendezvous", "round", asked, timing.assigned,
-                                round=reply.round, last_round=last_round, failure=failure)
-                store = DriverStore(self.client, self.worker_id,
-                                    timeout=self.collective_timeout)
-                session = RoundSession.for_reply(reply, store, self.collective_timeout,
-                                                 self.driver_peer, self.plane)
-                self.session = session
-                session.publish_env()
-                try:
-                    session.build(_connect)
-                except WorkersFailedError as exc:
-                    timeline.record("build group", "round", timing.assigned, time.time(),
-                                    round=reply.round, error=describe_failure(exc))
-                    if time.monotonic() > give_up:
-                        raise
-                    log.warning("building round %d's group failed (%s); asking for a new "
-                                "round", reply.round, exc)
-                    session.leave()
-                    last_round, failure, committed = reply.round, describe_failure(exc), False
-                    asked = time.time()
-                else:
-                    timing.built = time.time()
-                    timeline.record("build group", "round", timing.assigned, timing.built,
-                                    round=reply.round, rank=reply.slot.rank,
-                                    size=reply.slot.size)
-                    self.last_join = timing
-                    return
-            if time.monotonic() > give_up:
-                raise TimeoutError(f"no round formed within {self.round_timeout:g}s")
+        self.last_join = join_next_round(self, _connect, last_round, failure, committed)
 
     def _lane(self) -> tuple[int, str]:
         """This worker's rank (-1 before its first round) and host, for its timeline lane."""

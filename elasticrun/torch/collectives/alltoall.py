@@ -1,0 +1,86 @@
+"""Alltoall in the horovod.torch style: `splits[r]` rows to rank r (or equal parts); the
+result also says how many rows came from each rank when splits are given.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from elasticrun.torch.collectives import handles, join
+from elasticrun.torch.collectives.fusion import nbytes
+from elasticrun.torch.collectives.process_sets import ProcessSet, check, global_process_set
+from elasticrun.torch.world import plane
+from elasticrun.torch.world.boundary import collective
+from elasticrun.torch.world.place import world
+
+
+def _splits_of(tensor: torch.Tensor, splits: torch.Tensor | list[int] | None, size: int
+               ) -> list[int]:
+    rows = tensor.shape[0]
+    if splits is None:
+        if rows % size:
+            raise ValueError(f"alltoall without splits needs a first dimension divisible by "
+                             f"the {size} ranks, got {rows}")
+        return [rows // size] * size
+    counts = [int(s) for s in (splits.tolist() if isinstance(splits, torch.Tensor) else splits)]
+    if len(counts) != size or any(c < 0 for c in counts) or sum(counts) != rows:
+        raise ValueError(f"alltoall splits {counts}: expected {size} non-negative counts "
+                         f"summing to the first dimension, {rows}")
+    return counts
+
+
+def alltoall_async(tensor: torch.Tensor, splits: torch.Tensor | list[int] | None = None,
+                   name: str | None = None,
+                   process_set: ProcessSet | None = global_process_set) -> int:
+    """Starts sending `splits[r]` rows of `tensor` to each rank r; returns a handle whose
+    result is (output, received_splits)."""
+    check(process_set, "alltoall")
+    _, size = world()
+    counts = _splits_of(tensor, splits, size)
+    if size == 1:
+        result = (tensor.detach().clone(), torch.tensor(counts, dtype=torch.int32))
+        return handles.register(handles.Pending("alltoall", [], lambda: result))
+    join.announced(join.ALLTOALL)
+    sent = torch.tensor(counts, dtype=torch.int64)
+    received = torch.empty(size, dtype=torch.int64)
+    with collective("alltoall: exchanging splits"):
+        plane.all_to_all_single(received, sent)
+    incoming = [int(c) for c in received.tolist()]
+    source = tensor.detach().contiguous()
+    output = torch.empty((sum(incoming), *source.shape[1:]), dtype=source.dtype,
+                         device=source.device)
+    with collective("alltoall", nbytes=nbytes(source)):
+        work = plane.all_to_all_single(output, source, output_split_sizes=incoming,
+                                      input_split_sizes=counts, async_op=True)
+    received_splits = received.to(torch.int32)
+    return handles.register(handles.Pending(f"alltoall {name or ''}".strip(), [work],
+                                            lambda: (output, received_splits),
+                                            nbytes=nbytes(source)))
+
+
+class _Alltoall(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, splits: Any, name: str | None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        output, received = handles.synchronize(alltoall_async(tensor, splits, name))
+        ctx.received = received
+        ctx.mark_non_differentiable(received)
+        return output, received
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor, _: Any) -> tuple[Any, ...]:
+        output, _ = handles.synchronize(alltoall_async(grad, ctx.received))
+        return output, None, None
+
+
+def alltoall(tensor: torch.Tensor, splits: torch.Tensor | list[int] | None = None,
+             name: str | None = None, process_set: ProcessSet | None = global_process_set
+             ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Rows of `tensor` scattered to the ranks (`splits[r]` rows to rank r, or equal parts)
+    and the rows they sent here, gathered in rank order. With `splits`, also returns how many
+    rows came from each rank."""
+    check(process_set, "alltoall")
+    output, received = _Alltoall.apply(tensor, splits, name)
+    return output if splits is None else (output, received)

@@ -1,0 +1,73 @@
+"""Broadcast in the horovod.torch style: in place or not, with a handle or not, and
+differentiable (the gradient reaches root_rank only, as in Horovod).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from elasticrun.torch.collectives import handles, join
+from elasticrun.torch.collectives.allreduce import allreduce
+from elasticrun.torch.collectives.fusion import nbytes
+from elasticrun.torch.collectives.process_sets import ProcessSet, check, global_process_set
+from elasticrun.torch.collectives.reduce_ops import Average
+from elasticrun.torch.world import plane
+from elasticrun.torch.world.boundary import collective
+from elasticrun.torch.world.place import world
+
+
+def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+                     process_set: ProcessSet | None = global_process_set) -> int:
+    """Starts overwriting `tensor` with root_rank's; returns a handle."""
+    check(process_set, "broadcast")
+    rank, size = world()
+    if not 0 <= root_rank < size:
+        raise ValueError(f"root_rank={root_rank}: expected a rank in 0..{size - 1}")
+    if size == 1:
+        return handles.register(handles.Pending("broadcast", [], lambda: tensor))
+    join.announced(join.BROADCAST)
+    target = tensor if tensor.is_contiguous() else tensor.contiguous()
+    with collective("broadcast", nbytes=nbytes(target)):
+        work = plane.broadcast(target, src=root_rank, async_op=True)
+
+    def finish() -> torch.Tensor:
+        if target is not tensor:
+            tensor.copy_(target)
+        return tensor
+
+    return handles.register(handles.Pending(f"broadcast {name or ''}".strip(), [work], finish,
+                                            nbytes=nbytes(target)))
+
+
+def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+                    process_set: ProcessSet | None = global_process_set) -> int:
+    return broadcast_async_(tensor.detach().clone(), root_rank, name, process_set)
+
+
+def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+               process_set: ProcessSet | None = global_process_set) -> torch.Tensor:
+    return handles.synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+
+
+class _Broadcast(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, root_rank: int, name: str | None
+                ) -> torch.Tensor:
+        ctx.root_rank = root_rank
+        return broadcast_(tensor.detach().clone(), root_rank, name)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        reduced = allreduce(grad, op=Average)
+        if world()[0] != ctx.root_rank:
+            reduced = reduced * 0
+        return reduced, None, None
+
+
+def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+              process_set: ProcessSet | None = global_process_set) -> torch.Tensor:
+    """A new tensor holding root_rank's `tensor` (differentiable, as in Horovod)."""
+    check(process_set, "broadcast")
+    return _Broadcast.apply(tensor, root_rank, name)

@@ -1,0 +1,102 @@
+"""Reducescatter in the horovod.torch style: this rank's share of the reduced first dimension
+(the first ranks get one row more when the rows do not divide evenly). Gloo has no
+reduce-scatter, so this is an allreduce and a slice.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from elasticrun.torch.collectives import handles, join
+from elasticrun.torch.collectives.allgather import allgather
+from elasticrun.torch.collectives.allreduce import start_grouped
+from elasticrun.torch.collectives.fusion import nbytes
+from elasticrun.torch.collectives.process_sets import ProcessSet, check, global_process_set
+from elasticrun.torch.collectives.reduce_ops import Average, ReduceOp, Sum, resolve_op, scale_
+from elasticrun.torch.compression import Compression, Compressor
+from elasticrun.torch.world.place import world
+
+
+def _share(rows: int, size: int, rank: int) -> tuple[int, int]:
+    """(offset, count) of this rank's rows: the first `rows % size` ranks get one more."""
+    base, extra = divmod(rows, size)
+    return rank * base + min(rank, extra), base + (1 if rank < extra else 0)
+
+
+def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: ReduceOp = Average,
+                        process_set: ProcessSet | None = global_process_set,
+                        prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> int:
+    """Starts reducing `tensor` over all ranks; this rank's result is its share of the
+    first dimension. Gloo has no reduce-scatter, so this is an allreduce and a slice."""
+    check(process_set, "reducescatter")
+    op = resolve_op(op, None)
+    if op not in (Average, Sum):
+        raise ValueError(f"reducescatter supports Average and Sum, not {op.name}")
+    rank, size = world()
+    if tensor.dim() == 0:
+        raise ValueError("reducescatter needs a tensor with at least one dimension")
+    if size > 1:
+        join.announced(join.REDUCESCATTER)
+    reduced = tensor.detach().clone()
+    scale_(reduced, prescale_factor)
+    offset, count = _share(tensor.shape[0], size, rank)
+    inner = handles.Pending("reducescatter", [], lambda: None)
+    if size > 1:
+        inner = start_grouped([reduced], op)
+
+    def finish() -> torch.Tensor:
+        inner.wait()
+        mine = reduced.narrow(0, offset, count).clone()
+        scale_(mine, postscale_factor)
+        return mine
+
+    return handles.register(handles.Pending(f"reducescatter {name or ''}".strip(), [], finish,
+                                            nbytes=nbytes(reduced), op=op.value))
+
+
+class _Reducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, name: str | None, op: ReduceOp,
+                prescale: float, postscale: float) -> torch.Tensor:
+        ctx.settings = (op, prescale, postscale)
+        return handles.synchronize(reducescatter_async(tensor, name, op, None, prescale,
+                                                       postscale))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        op, prescale, postscale = ctx.settings
+        grad = grad * (world()[1] if op is Sum else 1) * prescale * postscale
+        return allgather(grad), None, None, None, None
+
+
+def reducescatter(tensor: torch.Tensor, name: str | None = None,
+                  compression: type[Compressor] = Compression.none, op: ReduceOp = Average,
+                  process_set: ProcessSet | None = global_process_set,
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> torch.Tensor:
+    check(process_set, "reducescatter")
+    compressed, context = compression.compress(tensor)
+    reduced = _Reducescatter.apply(compressed, name, op, prescale_factor, postscale_factor)
+    return compression.decompress(reduced, context)
+
+
+def grouped_reducescatter(tensors: list[torch.Tensor], name: str | None = None,
+                          compression: type[Compressor] = Compression.none,
+                          op: ReduceOp = Average,
+                          process_set: ProcessSet | None = global_process_set,
+                          prescale_factor: float = 1.0, postscale_factor: float = 1.0
+                          ) -> list[torch.Tensor]:
+    return [reducescatter(t, name, compression, op, process_set, prescale_factor,
+                          postscale_factor) for t in tensors]
+
+
+def grouped_reducescatter_async(tensors: list[torch.Tensor], name: str | None = None,
+                                op: ReduceOp = Average,
+                                process_set: ProcessSet | None = global_process_set,
+                                prescale_factor: float = 1.0, postscale_factor: float = 1.0
+                                ) -> int:
+    started = [reducescatter_async(t, name, op, process_set, prescale_factor, postscale_factor)
+               for t in tensors]
+    return handles.register(handles.Pending(
+        "grouped reducescatter", [], lambda: [handles.synchronize(h) for h in started]))
