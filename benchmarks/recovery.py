@@ -40,6 +40,7 @@ from benchlib import (
 )
 
 COMMIT_EVERY = 10
+SLOTS = 2  # workers per host (2 hosts); quick mode runs 1
 STALL_S = 60.0  # a job without a new event for this long is hung
 TOOLS = ("elasticrun", "torchrun", "torchrun (defaults)")
 TR_PHASES = ("restart_s", "import_s", "rendezvous_s", "checkpoint_s", "first_step_s")
@@ -60,24 +61,25 @@ def _outcome(events: list[dict[str, Any]], kill: dict[str, Any], synced: float) 
             "steps_lost": kill["step"] - restored}
 
 
-def _training_env(out: Path, params: float, steps: int) -> dict[str, str]:
+def _training_env(out: Path, params: float, steps: int, slots: int) -> dict[str, str]:
     kill_step = steps // 2 // COMMIT_EVERY * COMMIT_EVERY + COMMIT_EVERY // 2
     return bench_env({"BENCH_OUT": str(out), "BENCH_PARAMS": f"{params:g}",
                       "BENCH_STEPS": str(steps), "BENCH_KILL_STEP": str(kill_step),
-                      "BENCH_KILL_RANK": "3", "BENCH_COMMIT_EVERY": str(COMMIT_EVERY),
+                      "BENCH_KILL_RANK": str(2 * slots - 1),  # on the second host
+                      "BENCH_COMMIT_EVERY": str(COMMIT_EVERY),
                       "BENCH_CHECKPOINT_EVERY": str(COMMIT_EVERY)})
 
 
 def elasticrun_trial(params: float, steps: int, tmp: Path, args: Sequence[str] = (),
-                     env: dict[str, str] | None = None) -> dict[str, Any]:
-    """One recovery; `args` and `env` add to the job's flags and environment (the GPU
-    benchmark's backend and device)."""
+                     env: dict[str, str] | None = None, slots: int = SLOTS) -> dict[str, Any]:
+    """One recovery on 2 hosts of `slots` workers; `args` and `env` add to the job's flags
+    and environment (the GPU benchmark's backend and device)."""
     out, driver_log = tmp / "er.jsonl", tmp / "er-driver.jsonl"
     with Jobs() as jobs:
-        jobs.start(elasticrun_command(["-H", "localhost:2,127.0.0.1:2", "--min-np", "2",
-                                       "--event-log", str(driver_log), *args],
-                                      SCRIPTS / "er_train.py"),
-                   {**_training_env(out, params, steps), **(env or {})})
+        jobs.start(elasticrun_command(["-H", f"localhost:{slots},127.0.0.1:{slots}",
+                                       "--min-np", str(slots), "--event-log", str(driver_log),
+                                       *args], SCRIPTS / "er_train.py"),
+                   {**_training_env(out, params, steps, slots), **(env or {})})
         jobs.wait(600, "elasticrun recovery job", progress=out, stall_s=STALL_S)
     driver = [{**e, "event": e["type"]} for e in read_events(driver_log)]
     events = read_events(out)
@@ -142,16 +144,17 @@ def floor_rows(ours: dict[str, float], floor: dict[str, float]) -> list[list[Any
     return rows
 
 
-def torchrun_trial(params: float, steps: int, tmp: Path,
-                   extra_env: dict[str, str]) -> dict[str, Any]:
-    """Two agents of 2 workers each. A failed or hung job is a result too."""
+def torchrun_trial(params: float, steps: int, tmp: Path, extra_env: dict[str, str],
+                   slots: int = SLOTS) -> dict[str, Any]:
+    """Two agents of `slots` workers each. A failed or hung job is a result too."""
     out = tmp / "tr.jsonl"
-    env = {**_training_env(out, params, steps), "BENCH_CHECKPOINT_DIR": str(tmp), **extra_env}
+    env = {**_training_env(out, params, steps, slots), "BENCH_CHECKPOINT_DIR": str(tmp),
+           **extra_env}
     port = free_port()
     try:
         with Jobs() as jobs:
             for is_host in (True, False):
-                jobs.start(torchrun_command(SCRIPTS / "torchrun_train.py", 2, nnodes="2",
+                jobs.start(torchrun_command(SCRIPTS / "torchrun_train.py", slots, nnodes="2",
                                             port=port, is_host=is_host,
                                             extra=["--max-restarts", "3"]), env)
             jobs.wait(600, "torchrun", progress=out, stall_s=STALL_S)
@@ -200,17 +203,19 @@ def small_model(trials: int, quick: bool, params: float) -> dict[str, Any]:
 
 def bench(trials: int, quick: bool) -> dict[str, Any]:
     params, steps = (1e5, 2 * COMMIT_EVERY) if quick else (1e7, 4 * COMMIT_EVERY)
-    # Quick mode leaves out torchrun as shipped: it hangs, so it costs a minute each time.
+    # Quick mode leaves out torchrun as shipped (it hangs, so it costs a minute each time)
+    # and runs one worker per host: the same paths at half the processes.
     tools = TOOLS[:2] if quick else TOOLS
+    slots = 1 if quick else SLOTS
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in tools}
     for _ in range(trials):  # interleaved, so that drift of the machine hits all
         for name in tools:
             with tempfile.TemporaryDirectory() as tmp:
                 if name == "elasticrun":
-                    runs[name].append(elasticrun_trial(params, steps, Path(tmp)))
+                    runs[name].append(elasticrun_trial(params, steps, Path(tmp), slots=slots))
                 else:
                     extra = TORCHRUN_WORKAROUND if name == "torchrun" else {}
-                    runs[name].append(torchrun_trial(params, steps, Path(tmp), extra))
+                    runs[name].append(torchrun_trial(params, steps, Path(tmp), extra, slots))
     if any("error" in run for run in runs["elasticrun"]):
         raise RuntimeError(f"elasticrun failed to recover: {runs['elasticrun']}")
     medians = {name: summarize(ok) for name, trial in runs.items()
@@ -227,7 +232,8 @@ def bench(trials: int, quick: bool) -> dict[str, Any]:
         slower = "" if name == "elasticrun" else f"{m['resume_s'] / ours['resume_s']:.1f}x"
         rows.append([name, m["resume_s"], slower, m["caught_up_s"], m["steps_lost"], note])
     print_table(
-        f"recovery: 4 workers, ~{ours['params'] / 1e6:.1f}M parameters, one SIGKILLed; "
+        f"recovery: {2 * slots} workers, ~{ours['params'] / 1e6:.1f}M parameters, one "
+        f"SIGKILLed; "
         f"commit/checkpoint every {COMMIT_EVERY} steps; median of {trials}",
         ["", "resume s", "vs elasticrun", "caught up s", "steps lost", ""], rows)
     floor = floors(ours["anon_mb"], 1 if quick else 3)

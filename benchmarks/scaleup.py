@@ -49,27 +49,28 @@ def _wait_for_steps(out: Path, count: int, jobs: Jobs, timeout: float = 300) -> 
         time.sleep(0.1)
 
 
-def _env(out: Path, params: float) -> dict[str, str]:
+def _env(out: Path, params: float, slots: int) -> dict[str, str]:
     return bench_env({"BENCH_OUT": str(out), "BENCH_PARAMS": f"{params:g}",
-                      "BENCH_STEPS": "100000", "BENCH_TARGET_SIZE": "4",
+                      "BENCH_STEPS": "100000", "BENCH_TARGET_SIZE": str(2 * slots),
                       "BENCH_STEPS_AT_TARGET": "3", "BENCH_COMMIT_EVERY": "1",
                       "BENCH_CHECKPOINT_EVERY": str(CHECKPOINT_EVERY)})
 
 
-def elasticrun_trial(params: float, tmp: Path) -> dict[str, Any]:
+def elasticrun_trial(params: float, tmp: Path, slots: int) -> dict[str, Any]:
     out, driver_log, hosts = tmp / "er.jsonl", tmp / "driver.jsonl", tmp / "hosts"
-    hosts.write_text("localhost:2\n")
+    hosts.write_text(f"localhost:{slots}\n")
     script = tmp / "hosts.sh"
     script.write_text(f"#!/bin/sh\ncat {hosts}\n")
     script.chmod(0o755)
     with Jobs() as jobs:
         jobs.start(elasticrun_command(
-            ["-np", "2", "--min-np", "2", "--max-np", "4", "--host-discovery-script",
+            ["-np", str(slots), "--min-np", str(slots), "--max-np", str(2 * slots),
+             "--host-discovery-script",
              str(script), "--discovery-interval", str(DISCOVERY_INTERVAL_S),
-             "--event-log", str(driver_log)], SCRIPTS / "er_train.py"), _env(out, params))
+             "--event-log", str(driver_log)], SCRIPTS / "er_train.py"), _env(out, params, slots))
         _wait_for_steps(out, 10, jobs)
         staged = tmp / "hosts.new"
-        staged.write_text("localhost:2\n127.0.0.1:2\n")
+        staged.write_text(f"localhost:{slots}\n127.0.0.1:{slots}\n")
         changed = time.time()
         os.replace(staged, hosts)
         jobs.wait(300, "elasticrun scale-up job", progress=out)
@@ -79,7 +80,7 @@ def elasticrun_trial(params: float, tmp: Path) -> dict[str, Any]:
                    and e["time"] > changed)
     new_pids = {e["pid"] for e in events if e["event"] == "started"}
     new = [e for e in events if e["pid"] in new_pids]
-    grown = [e for e in events if e.get("size") == 4]
+    grown = [e for e in events if e.get("size") == 2 * slots]
     started = max(e["at"] for e in new if e["event"] == "started")
     imported = max(e["time"] for e in new if e["event"] == "imported")
     joins = [e for e in grown if e["event"] in ("joined", "reset")]
@@ -96,9 +97,9 @@ def elasticrun_trial(params: float, tmp: Path) -> dict[str, Any]:
             "budget_s": DISCOVERY_INTERVAL_S + own_startup + 0.5, "steps_lost": 0}
 
 
-def torchrun_trial(params: float, tmp: Path) -> dict[str, Any]:
+def torchrun_trial(params: float, tmp: Path, slots: int) -> dict[str, Any]:
     out = tmp / "tr.jsonl"
-    env = {**_env(out, params), "BENCH_CHECKPOINT_DIR": str(tmp), **TORCHRUN_WORKAROUND}
+    env = {**_env(out, params, slots), "BENCH_CHECKPOINT_DIR": str(tmp), **TORCHRUN_WORKAROUND}
     port = free_port()
     try:
         with Jobs() as jobs:
@@ -107,15 +108,15 @@ def torchrun_trial(params: float, tmp: Path) -> dict[str, Any]:
                     _wait_for_steps(out, 10, jobs)
                     added = time.time()
                 jobs.start(torchrun_command(
-                    SCRIPTS / "torchrun_train.py", 2, nnodes="1:2", port=port,
+                    SCRIPTS / "torchrun_train.py", slots, nnodes="1:2", port=port,
                     is_host=is_host, rdzv_conf="last_call_timeout=1",
                     extra=["--max-restarts", "3"]), env)
             jobs.wait(300, "torchrun", progress=out)
     except RuntimeError as exc:
         return {"error": str(exc)}
     events = read_events(out)
-    before = max(e["step"] for e in events if e["event"] == "step" and e["size"] == 2)
-    grown = [e for e in events if e["time"] > added and e.get("size") == 4]
+    before = max(e["step"] for e in events if e["event"] == "step" and e["size"] == slots)
+    grown = [e for e in events if e["time"] > added and e.get("size") == 2 * slots]
     restarted = min(e["at"] for e in events if e["event"] == "started" and e["time"] > added)
     after = [e for e in events if e["time"] > added]
     imported = max(e["time"] for e in after if e["event"] == "imported")
@@ -131,21 +132,23 @@ def torchrun_trial(params: float, tmp: Path) -> dict[str, Any]:
 
 def bench(trials: int, quick: bool) -> dict[str, Any]:
     params = 1e5 if quick else 1e7
+    slots = 1 if quick else 2  # per host; quick: the same paths at half the processes
     runs: dict[str, list[dict[str, Any]]] = {"elasticrun": [], "torchrun": []}
     for _ in range(trials):
         with tempfile.TemporaryDirectory() as tmp:
-            runs["elasticrun"].append(elasticrun_trial(params, Path(tmp)))
+            runs["elasticrun"].append(elasticrun_trial(params, Path(tmp), slots))
         with tempfile.TemporaryDirectory() as tmp:
-            runs["torchrun"].append(torchrun_trial(params, Path(tmp)))
+            runs["torchrun"].append(torchrun_trial(params, Path(tmp), slots))
     ours = summarize(runs["elasticrun"])
     recovered = [run for run in runs["torchrun"] if "error" not in run]
     failed = [run["error"] for run in runs["torchrun"] if "error" in run]
     theirs = summarize(recovered) if recovered else {}
     note = f"{len(failed)} of {trials} failed: {failed[0][:90]}" if failed else ""
     print_table(
-        f"scale-up: 2 -> 4 workers (a second host), ~{params / 1e6:g}M parameters; "
+        f"scale-up: {slots} -> {2 * slots} workers (a second host), ~{params / 1e6:g}M "
+        f"parameters; "
         f"median of {trials}",
-        ["", "first step at 4 s", "steps lost", "target s"],
+        ["", f"first step at {2 * slots} s", "steps lost", "target s"],
         [["elasticrun", ours["total_s"], ours["steps_lost"],
           f"<= {ours['budget_s']:.2f} (interval {DISCOVERY_INTERVAL_S:g} + start-up "
           f"{ours['own_startup_s']:.2f} + 0.5)"],

@@ -68,9 +68,10 @@ if state["phase"] >= 1:
     assert [v.size for v in views] == [2, 4, 2]
     assert set(views[0].hosts_by_rank.values()) == {"localhost"}
     assert set(views[-1].hosts_by_rank.values()) == {"127.0.0.1"}
-    last_epoch_steps = [r for r in result.events("step") if r["epoch"] == 5]
-    assert last_epoch_steps and {r["host"] for r in last_epoch_steps if r["round"] ==
-                                 views[-1].number} == {"127.0.0.1"}
+    # The last round trained (when the removal lands depends on the machine's load, so not
+    # necessarily in the last epoch), on 127.0.0.1 only.
+    last_round_steps = [r for r in result.events("step") if r["round"] == views[-1].number]
+    assert last_round_steps and {r["host"] for r in last_round_steps} == {"127.0.0.1"}
     # Survivors kept their processes: the 127.0.0.1 workers of round 2 are those of round 3.
     assert set(views[1].ranks_by_pid) >= set(views[2].ranks_by_pid)
     # The new workers were started while training went on at world size 2 (not after it
