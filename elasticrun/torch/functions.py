@@ -13,9 +13,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from elasticrun.torch.collectives import join
 from elasticrun.torch.collectives.fusion import fused_collective
+from elasticrun.torch.collectives.negotiation import negotiate
 from elasticrun.torch.collectives.process_sets import ProcessSet, check, global_process_set
+from elasticrun.torch.collectives.requests import Kind, Request
 from elasticrun.torch.world import plane, runtime
 from elasticrun.torch.world.boundary import collective
 
@@ -32,9 +33,12 @@ def broadcast_object(obj: Any = None, root_rank: int = 0, name: str | None = Non
                      process_set: ProcessSet | None = global_process_set) -> Any:
     """Returns root_rank's `obj` on every rank (pickled; use for small objects)."""
     check(process_set, "broadcast_object")
+    problem = None if 0 <= root_rank < _size() else ValueError(
+        f"root_rank={root_rank!r}: expected a rank in 0..{_size() - 1}")
+    negotiate(Request(Kind.OBJECT, root=root_rank if problem is None else -1, name=name,
+                      error=str(problem) if problem else ""), problem)
     if _size() == 1:
         return obj
-    join.announced(join.OBJECT)
     payload = _pickled(obj) if _rank() == root_rank else torch.empty(0, dtype=torch.uint8)
     with collective("broadcast_object"):
         length = torch.tensor([payload.numel()], dtype=torch.int64)
@@ -49,8 +53,9 @@ def agreed(value: int) -> bool:
     """Whether every rank passed the same `value` (one small allreduce)."""
     if _size() == 1:
         return True
-    join.announced(join.OBJECT)
     both = torch.tensor([value, -value], dtype=torch.int64)
+    negotiate(Request(Kind.ALLREDUCE, dtypes=(torch.int64,), shapes=((2,),), op="max",
+                      buckets=((2, torch.int64),)))
     with collective("comparing the ranks' commits"):
         plane.all_reduce(both, op=dist.ReduceOp.MAX)
     return int(both[0]) == -int(both[1])
@@ -58,9 +63,9 @@ def agreed(value: int) -> bool:
 
 def allgather_object(obj: Any, name: str | None = None) -> list[Any]:
     """Returns every rank's `obj`, indexed by rank."""
+    negotiate(Request(Kind.OBJECT, name=name))
     if _size() == 1:
         return [obj]
-    join.announced(join.OBJECT)
     payload = _pickled(obj)
     with collective("allgather_object"):
         lengths = [torch.zeros(1, dtype=torch.int64) for _ in range(_size())]
@@ -94,11 +99,24 @@ def broadcast_parameters(
     """
     items = params.values() if isinstance(params, Mapping) else params
     tensors = [item[1] if isinstance(item, tuple) else item for item in items]
-    tensors = [t for t in tensors if isinstance(t, torch.Tensor)]
-    if tensors and _size() > 1:
-        join.announced(join.BROADCAST)
+    _broadcast_fused([t for t in tensors if isinstance(t, torch.Tensor)], root_rank,
+                     "broadcast_parameters")
+
+
+def _broadcast_fused(tensors: list[torch.Tensor], root_rank: int, what: str) -> None:
+    """root_rank's values into `tensors`, in a few fused broadcasts, once negotiated."""
+    if not tensors:
+        return
+    problem = None if 0 <= root_rank < _size() else ValueError(
+        f"root_rank={root_rank!r}: expected a rank in 0..{_size() - 1}")
+    negotiate(Request(Kind.BROADCAST, dtypes=tuple(t.dtype for t in tensors),
+                      shapes=tuple(tuple(t.shape) for t in tensors),
+                      device="GPU" if any(t.is_cuda for t in tensors) else "CPU",
+                      root=root_rank if problem is None else -1,
+                      error=str(problem) if problem else ""), problem)
+    if _size() > 1:
         fused_collective(tensors, lambda flat: plane.broadcast(flat, src=root_rank, async_op=True),
-                         what="broadcast_parameters")
+                         what=what)
 
 
 @dataclass(frozen=True)
@@ -146,10 +164,7 @@ def broadcast_tree(tree: Any, root_rank: int = 0) -> Any:
                    for leaf in leaves]
     else:
         tensors = [t.contiguous() for t in tensors]
-    if tensors and _size() > 1:
-        join.announced(join.BROADCAST)
-        fused_collective(tensors, lambda flat: plane.broadcast(flat, src=root_rank, async_op=True),
-                         what="broadcast_tree")
+    _broadcast_fused(tensors, root_rank, "broadcast_tree")
 
     def rebuild(node: Any) -> Any:
         if isinstance(node, _TensorLeaf):
@@ -168,7 +183,30 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
                               model: torch.nn.Module | None = None) -> None:
     """Makes every rank's optimizer state (per-parameter state such as momentum, and the
     hyper-parameters of every group, such as a scheduler's learning rate) root_rank's.
-    `model` is accepted for Horovod's signature (it needs it for sparse gradients)."""
+    `model` is accepted for Horovod's signature (it needs it for sparse gradients).
+
+    As Horovod does, an optimizer without state yet gets it first: every parameter that
+    requires a gradient gets a zero one, and the optimizer's own step runs (never
+    DistributedOptimizer's, which would reduce), so that the root's state has a place to go.
+    """
+    if not optimizer.state_dict()["state"]:
+        _initialise_state(optimizer)
     state = broadcast_tree(optimizer.state_dict(), root_rank)
     if _rank() != root_rank:
         optimizer.load_state_dict(state)
+
+
+def _initialise_state(optimizer: torch.optim.Optimizer) -> None:
+    """Gives an optimizer its state by a step on zero gradients. The step exists only to
+    make that state: the parameters are put back as they were, since with weight decay or
+    momentum it would move them (after broadcast_parameters made them the root's)."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    kept = [p.detach().clone() for p in params]
+    for p in params:
+        if p.requires_grad and p.grad is None:
+            p.grad = torch.zeros_like(p)
+    own_step = getattr(optimizer, "_er_base_step", None)  # DistributedOptimizer's class's own
+    with torch.no_grad():
+        (own_step or optimizer.step)()
+        for p, value in zip(params, kept, strict=True):
+            p.copy_(value)

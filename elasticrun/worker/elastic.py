@@ -47,6 +47,12 @@ class WorkersFailedError(RuntimeError):
     """A collective failed because a peer died, hung or became unreachable."""
 
 
+class CollectiveMismatchError(RuntimeError):
+    """The ranks disagreed on a collective (its kind, dtype, shape, root...), or one could
+    not run it: raised on every rank before any data moved, so the next collective works.
+    A program error, not a failure: the elastic loop does not roll back for it."""
+
+
 def describe_failure(exc: BaseException) -> str:
     """`"TypeName: first line of the message"`, at most FAILURE_TEXT_LIMIT characters."""
     lines = str(exc).strip().splitlines()

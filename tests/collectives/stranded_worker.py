@@ -2,9 +2,9 @@
 
 Run as `python -m tests.collectives.stranded_worker RANK DIR MODE` by test_abandon.py, as
 two ranks of one Gloo group over a FileStore in DIR. Rank 1 plays a peer that never joins
-the collective (and is killed by the test). Rank 0 launches an allreduce, forgets its
-sockets (so cutting them releases nothing, as when Gloo lost a send), aborts the round and
-abandons the work; then, by MODE:
+the collective (and is killed by the test). Rank 0 launches an allreduce on the data plane,
+forgets its sockets (so cutting them releases nothing, as when Gloo lost a send), aborts the
+round and abandons the work; then, by MODE:
   hold: keeps the round's group in a reference cycle (as an exception's traceback can),
         leaves, trains a round of its own and exits: the cycle is freed while the
         interpreter exits;
@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 import elasticrun.torch as er
 from elasticrun.protocol import SlotInfo
-from elasticrun.torch.world import runtime
+from elasticrun.torch.world import plane, runtime
 from elasticrun.torch.world.groups import default_group
 from elasticrun.torch.world.session import RoundSession
 from elasticrun.worker.elastic import WorkersFailedError
@@ -48,12 +48,14 @@ def main(rank: int, directory: str, mode: str) -> None:
     if rank == 1:
         time.sleep(3 * COLLECTIVE_TIMEOUT_S)
         return
-    handle = er.allreduce_async(torch.ones(1 << 12), name="stranded")
+    # A data-plane work in flight (elasticrun's collectives negotiate first, which rank 1
+    # would never answer either: the work itself is what Gloo holds).
+    work = plane.all_reduce(torch.ones(1 << 12), async_op=True)
     session._sockets = {}
     session.abort()
     aborted = time.monotonic()
     try:
-        er.synchronize(handle)
+        work.wait()
         raise AssertionError("the stranded allreduce returned")
     except WorkersFailedError:
         pass

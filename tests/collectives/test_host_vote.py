@@ -15,8 +15,6 @@ from torch import nn
 
 import elasticrun.torch as er
 from elasticrun.torch import elastic
-from elasticrun.torch.collectives.fusion import ALONE_BYTES
-from elasticrun.torch.optimizer.buckets import vote_bucket as _vote_bucket
 from elasticrun.torch.world import runtime
 from tests.collectives.conftest import world_of
 
@@ -216,9 +214,16 @@ def test_join_serves_the_vote_and_drops_what_a_step_carried() -> None:
     assert world_of(2).run(rank_runs_out_of_data) == [(True, 1, True), (True, 1, True)]
 
 
-def test_the_vote_rides_in_the_last_bucket_that_fuses_a_tensor() -> None:
-    small = torch.zeros(4)
-    large = torch.zeros(ALONE_BYTES // 4)
-    assert _vote_bucket([[small], [large, small], [large]]) == 1
-    assert _vote_bucket([[large], [large]]) == 1
-    assert _vote_bucket([[small], [small]]) == 1
+def vote_places(options: dict[str, Any]) -> list[int]:
+    """How many elements more than their gradients each bucket of a step carries."""
+    _, optimizer, _ = _setup(**options)
+    reduction = optimizer._er_reduction
+    request = reduction.request()
+    return [numel - sum(p.numel() for p in bucket.params)
+            for (numel, _), bucket in zip(request.buckets, reduction.buckets, strict=True)]
+
+
+def test_the_vote_rides_in_the_last_bucket_to_start() -> None:
+    assert world_of(2).run(vote_places, {"num_groups": 3}) == [[0, 0, 1]] * 2
+    assert world_of(2).run(vote_places, {}) == [[1]] * 2
+    assert world_of(2).run(vote_places, {"op": er.Min}) == [[0]] * 2  # a Min cannot carry it

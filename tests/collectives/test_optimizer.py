@@ -112,20 +112,20 @@ def check_synchronize_then_clip_and_guards() -> bool:
     return True
 
 
-def check_a_new_round_drops_started_reductions_but_keeps_gradients() -> bool:
-    """A reset between two passes of a step: the reductions started in the old round are
-    gone with it, but the gradient accumulated so far is reduced in the next step."""
+def check_a_new_round_keeps_the_accumulated_gradient() -> bool:
+    """A reset between two passes of a step (a host change at a commit between them): the
+    gradient accumulated so far is not lost, and is reduced in the new round's step."""
     model = _model()
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                         backward_passes_per_step=1)
+                                         backward_passes_per_step=2)
     x, y = _batch(hvd.rank(), 0)
-    nn.functional.cross_entropy(model(x), y).backward()  # reductions start in the hooks
+    nn.functional.cross_entropy(model(x), y).backward()  # the first pass: nothing starts
     local = [p.grad.clone() for p in model.parameters()]
     session = runtime.current().session
     assert session is not None
     session.number += 1  # what a reset does to this worker's view of the round
     try:
-        optimizer.synchronize()  # all buckets are started again, in the "new" round
+        optimizer.synchronize()  # every bucket starts, in the "new" round
     finally:
         session.number -= 1
     reduced = [p.grad for p in model.parameters()]
@@ -170,7 +170,7 @@ def test_synchronize_clip_skip_synchronize_and_guards() -> None:
 
 
 def test_a_reset_keeps_the_accumulated_gradient() -> None:
-    assert world_of(2).run(check_a_new_round_drops_started_reductions_but_keeps_gradients) \
+    assert world_of(2).run(check_a_new_round_keeps_the_accumulated_gradient) \
         == [True] * 2
 
 

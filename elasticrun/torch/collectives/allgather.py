@@ -9,24 +9,24 @@ from typing import Any
 
 import torch
 
-from elasticrun.torch.collectives import handles, join
+from elasticrun.torch.collectives import handles
 from elasticrun.torch.collectives.allreduce import allreduce
 from elasticrun.torch.collectives.fusion import nbytes
+from elasticrun.torch.collectives.negotiation import negotiate
 from elasticrun.torch.collectives.process_sets import ProcessSet, check, global_process_set
 from elasticrun.torch.collectives.reduce_ops import Average, ReduceOp, Sum, resolve_op
+from elasticrun.torch.collectives.requests import Kind, Request
+from elasticrun.torch.collectives.wire import to_wire
 from elasticrun.torch.world import plane
 from elasticrun.torch.world.boundary import collective
 from elasticrun.torch.world.place import world
 
 
-def _first_dims(tensor: torch.Tensor, what: str) -> list[int]:
-    """Every rank's first dimension (after the header that says a gather follows)."""
-    if tensor.dim() == 0:
-        raise ValueError(f"{what} needs a tensor with at least one dimension")
-    _, size = world()
+def _first_dims(tensor: torch.Tensor, size: int) -> list[int]:
+    """Every rank's first dimension (once the ranks agreed on the rest)."""
     mine = torch.tensor([tensor.shape[0]], dtype=torch.int64)
     everyone = [torch.zeros(1, dtype=torch.int64) for _ in range(size)]
-    with collective(f"{what}: exchanging sizes"):
+    with collective("allgather: exchanging sizes"):
         plane.all_gather(everyone, mine)
     return [int(t.item()) for t in everyone]
 
@@ -37,25 +37,34 @@ def allgather_async(tensor: torch.Tensor, name: str | None = None,
     differ per rank); returns a handle."""
     check(process_set, "allgather")
     _, size = world()
+    problem: BaseException | None = None
+    if tensor.dim() == 0:
+        problem = ValueError("allgather needs a tensor with at least one dimension (Horovod: "
+                             "tried to ALLGATHER a rank-zero tensor)")
+    problem = problem or handles.name_problem(name)
+    negotiate(Request(Kind.ALLGATHER, dtypes=(tensor.dtype,), shapes=(tuple(tensor.shape),),
+                      device="GPU" if tensor.is_cuda else "CPU", name=name,
+                      error=str(problem) if problem else ""), problem)
+    what = f"allgather {name or ''}".strip()
     if size == 1:
         result = tensor.detach().clone()
-        return handles.register(handles.Pending("allgather", [], lambda: result))
-    join.announced(join.ALLGATHER)
-    dims = _first_dims(tensor, "allgather")
+        return handles.register(handles.Pending(what, [], lambda: result, name=name))
+    dims = _first_dims(tensor, size)
     longest = max(dims)
     rest = tuple(tensor.shape[1:])
-    padded = torch.zeros((longest, *rest), dtype=tensor.dtype, device=tensor.device)
-    padded[:tensor.shape[0]] = tensor.detach()
-    parts = [torch.empty((longest, *rest), dtype=tensor.dtype, device=tensor.device)
-             for _ in range(size)]
+    source = to_wire(tensor.detach())
+    padded = torch.zeros((longest, *rest), dtype=source.dtype, device=tensor.device)
+    padded[:tensor.shape[0]] = source
+    parts = [torch.empty_like(padded) for _ in range(size)]
     with collective("allgather", nbytes=nbytes(padded)):
         work = plane.all_gather(parts, padded, async_op=True)
 
     def finish() -> torch.Tensor:
-        return torch.cat([part[:dim] for part, dim in zip(parts, dims, strict=True)])
+        gathered = torch.cat([part[:dim] for part, dim in zip(parts, dims, strict=True)])
+        return gathered.to(tensor.dtype)
 
-    return handles.register(handles.Pending(f"allgather {name or ''}".strip(), [work], finish,
-                                            nbytes=nbytes(padded) * size))
+    return handles.register(handles.Pending(what, [work], finish,
+                                            nbytes=nbytes(padded) * size, name=name))
 
 
 class _Allgather(torch.autograd.Function):
@@ -92,18 +101,30 @@ def grouped_allgather_async(tensors: list[torch.Tensor], name: str | None = None
         "grouped allgather", [], lambda: [handles.synchronize(h) for h in started]))
 
 
+class SparseHandle(int):
+    """The handle of a sparse allreduce: `synchronize(handle)` or, as Horovod's is a
+    function, `handle()`, returns the reduced sparse tensor."""
+
+    def __call__(self) -> torch.Tensor:
+        result: torch.Tensor = handles.synchronize(self)
+        return result
+
+
 def sparse_allreduce_async(tensor: torch.Tensor, name: str | None = None,
                            op: ReduceOp = Average,
-                           process_set: ProcessSet | None = global_process_set) -> int:
+                           process_set: ProcessSet | None = global_process_set) -> SparseHandle:
     """A sparse tensor reduced by gathering every rank's indices and values (as Horovod)."""
     check(process_set, "sparse_allreduce_async")
     op = resolve_op(op, None)
     if op not in (Average, Sum):
         raise ValueError(f"sparse allreduce supports Average and Sum, not {op.name}")
     sparse = tensor.coalesce()
-    indices = handles.synchronize(allgather_async(sparse.indices().t().contiguous()))
-    values = handles.synchronize(allgather_async(sparse.values()))
+    indices = handles.synchronize(allgather_async(
+        sparse.indices().t().contiguous(), None if name is None else f"{name}.indices"))
+    values = handles.synchronize(allgather_async(
+        sparse.values(), None if name is None else f"{name}.values"))
     if op is Average:
         values = values / world()[1]
     result = torch.sparse_coo_tensor(indices.t(), values, sparse.shape).coalesce()
-    return handles.register(handles.Pending("sparse allreduce", [], lambda: result))
+    return SparseHandle(handles.register(handles.Pending("sparse allreduce", [],
+                                                         lambda: result)))

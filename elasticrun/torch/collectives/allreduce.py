@@ -16,66 +16,88 @@ from typing import Any
 
 import torch
 
-from elasticrun.torch.collectives import fusion, handles, join
+from elasticrun.torch.collectives import fusion, handles
 from elasticrun.torch.collectives.adasum import adasum_allreduce_
+from elasticrun.torch.collectives.negotiation import negotiate
 from elasticrun.torch.collectives.process_sets import ProcessSet, check, global_process_set
-from elasticrun.torch.collectives.reduce_ops import (
-    TORCH_OPS,
-    ReduceOp,
-    divide_,
-    resolve_op,
-    scale_,
-)
+from elasticrun.torch.collectives.reduce_ops import TORCH_OPS, ReduceOp, resolve_op, scale_
+from elasticrun.torch.collectives.requests import Kind, Request
 from elasticrun.torch.compression import Compression, Compressor
 from elasticrun.torch.world import plane
 from elasticrun.torch.world.boundary import collective
 from elasticrun.torch.world.place import size
 
 
-def _start_allreduce(flat: torch.Tensor, op: ReduceOp) -> list[fusion.Waitable]:
-    torch_op = TORCH_OPS[op]
-    header = join.announce(join.ALLREDUCE, flat.numel(), flat.dtype, torch_op, flat.is_cuda)
-    with collective("allreduce", nbytes=flat.numel() * flat.element_size(), op=op.value):
-        work = plane.all_reduce(flat, op=torch_op, async_op=True)
-    return [header, work]
+def request_for(tensors: Sequence[torch.Tensor], op: ReduceOp, name: str | None,
+                scales: tuple[float, float], problem: BaseException | None
+                ) -> tuple[Request, list[tuple[list[int], int, torch.dtype]]]:
+    """The negotiated request of an allreduce of `tensors`, and the buckets it launches."""
+    planned = [] if op is ReduceOp.ADASUM else fusion.plan(tensors, reducing=True)
+    return Request(
+        Kind.ADASUM if op is ReduceOp.ADASUM else Kind.ALLREDUCE,
+        dtypes=tuple(t.dtype for t in tensors), shapes=tuple(tuple(t.shape) for t in tensors),
+        device="GPU" if any(t.is_cuda for t in tensors) else "CPU", op=op.value,
+        scales=scales, name=name, buckets=tuple((numel, dtype) for _, numel, dtype in planned),
+        error=f"{type(problem).__name__}: {problem}" if problem else ""), planned
+
+
+def _problem(tensors: Sequence[torch.Tensor], op: ReduceOp, name: str | None
+             ) -> BaseException | None:
+    """Why this rank cannot run the allreduce (every rank then raises), or None."""
+    if not tensors:
+        return ValueError("allreduce needs at least one tensor")
+    if any(t.is_sparse for t in tensors):
+        return ValueError("allreduce of a sparse tensor: use sparse_allreduce_async, or "
+                          "sparse_as_dense=True with DistributedOptimizer")
+    if op in (ReduceOp.AVERAGE, ReduceOp.ADASUM) and any(t.dtype == torch.bool for t in tensors):
+        return ValueError(f"{op.name.title()} of bool tensors is undefined: use Sum (any), "
+                          "Min (all), Max or Product")
+    return handles.name_problem(name)
 
 
 def start_grouped(tensors: Sequence[torch.Tensor], op: ReduceOp, name: str | None = None,
                   prescale_factor: float = 1.0, postscale_factor: float = 1.0
                   ) -> handles.Pending:
-    """Starts reducing `tensors` in place, fused into a few buckets (Adasum completes here)."""
+    """Negotiates, then starts reducing `tensors` in place, fused into a few buckets
+    (Adasum completes here). Scaling is Horovod's: prescale before, and for Average the
+    postscale divided by the size, after (integers scaled in double and truncated)."""
     tensors = list(tensors)
     what = f"allreduce {name}" if name else "allreduce"
-    for tensor in tensors:
-        scale_(tensor, prescale_factor)
-
-    def done() -> list[torch.Tensor]:
+    problem = _problem(tensors, op, name)
+    request, planned = request_for(tensors, op, name, (prescale_factor, postscale_factor),
+                                   problem)
+    negotiate(request, problem)
+    world = size()
+    after = postscale_factor / world if op is ReduceOp.AVERAGE else postscale_factor
+    if op is ReduceOp.ADASUM:
+        for tensor in tensors:
+            scale_(tensor, prescale_factor)
+        adasum_allreduce_(tensors)
         for tensor in tensors:
             scale_(tensor, postscale_factor)
-        return tensors
+        return handles.Pending(what, [], lambda: tensors, op=op.value, name=name)
+    torch_op = TORCH_OPS[op]
 
-    world = size()
-    if op is ReduceOp.ADASUM:
-        join.announced(join.ADASUM)
-        adasum_allreduce_(tensors)
-        return handles.Pending(what, [], done, op=op.value)
-    if world == 1:
-        return handles.Pending(what, [], done, op=op.value)
-    launched = fusion.launch(tensors, lambda flat: _start_allreduce(flat, op))
+    def start(flat: torch.Tensor) -> list[fusion.Waitable]:
+        scale_(flat, prescale_factor)
+        if world == 1:
+            return []
+        with collective("allreduce", nbytes=fusion.nbytes(flat), op=op.value):
+            return [plane.all_reduce(flat, op=torch_op, async_op=True)]
+
+    launched = fusion.launch(tensors, start, reducing=True)
 
     def finish() -> list[torch.Tensor]:  # the handle has waited for every bucket
         waited = time.time()
         for index, bucket in enumerate(launched):
             fusion.record(what, index, bucket, waited)
-            if op is ReduceOp.AVERAGE:
-                divide_(bucket.flat, world)
-            scale_(bucket.flat, postscale_factor)
+            scale_(bucket.flat, after)
             fusion.unflatten(bucket, tensors)
         return tensors
 
     works = [work for bucket in launched for work in bucket.works]
-    nbytes = sum(t.numel() * t.element_size() for t in tensors)
-    return handles.Pending(what, works, finish, nbytes=nbytes, op=op.value)
+    return handles.Pending(what, works, finish, nbytes=sum(fusion.nbytes(t) for t in tensors),
+                           op=op.value, name=name)
 
 
 def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | None = None,

@@ -8,9 +8,12 @@ from typing import Any
 
 import torch
 
-from elasticrun.torch.collectives import handles, join
+from elasticrun.torch.collectives import handles
 from elasticrun.torch.collectives.fusion import nbytes
+from elasticrun.torch.collectives.negotiation import negotiate
 from elasticrun.torch.collectives.process_sets import ProcessSet, check, global_process_set
+from elasticrun.torch.collectives.requests import Kind, Request
+from elasticrun.torch.collectives.wire import to_wire
 from elasticrun.torch.world import plane
 from elasticrun.torch.world.boundary import collective
 from elasticrun.torch.world.place import world
@@ -38,26 +41,37 @@ def alltoall_async(tensor: torch.Tensor, splits: torch.Tensor | list[int] | None
     result is (output, received_splits)."""
     check(process_set, "alltoall")
     _, size = world()
-    counts = _splits_of(tensor, splits, size)
+    counts: list[int] = []
+    problem: BaseException | None = None
+    try:
+        if tensor.dim() == 0:
+            raise ValueError("alltoall needs a tensor with at least one dimension")
+        counts = _splits_of(tensor, splits, size)
+    except ValueError as exc:
+        problem = exc
+    problem = problem or handles.name_problem(name)
+    negotiate(Request(Kind.ALLTOALL, dtypes=(tensor.dtype,), shapes=(tuple(tensor.shape),),
+                      device="GPU" if tensor.is_cuda else "CPU", name=name,
+                      error=str(problem) if problem else ""), problem)
+    what = f"alltoall {name or ''}".strip()
     if size == 1:
         result = (tensor.detach().clone(), torch.tensor(counts, dtype=torch.int32))
-        return handles.register(handles.Pending("alltoall", [], lambda: result))
-    join.announced(join.ALLTOALL)
+        return handles.register(handles.Pending(what, [], lambda: result, name=name))
     sent = torch.tensor(counts, dtype=torch.int64)
     received = torch.empty(size, dtype=torch.int64)
     with collective("alltoall: exchanging splits"):
         plane.all_to_all_single(received, sent)
     incoming = [int(c) for c in received.tolist()]
-    source = tensor.detach().contiguous()
+    source = to_wire(tensor.detach().contiguous())
     output = torch.empty((sum(incoming), *source.shape[1:]), dtype=source.dtype,
                          device=source.device)
     with collective("alltoall", nbytes=nbytes(source)):
         work = plane.all_to_all_single(output, source, output_split_sizes=incoming,
                                       input_split_sizes=counts, async_op=True)
     received_splits = received.to(torch.int32)
-    return handles.register(handles.Pending(f"alltoall {name or ''}".strip(), [work],
-                                            lambda: (output, received_splits),
-                                            nbytes=nbytes(source)))
+    return handles.register(handles.Pending(
+        what, [work], lambda: (output.to(tensor.dtype), received_splits),
+        nbytes=nbytes(source), name=name))
 
 
 class _Alltoall(torch.autograd.Function):

@@ -1,15 +1,14 @@
-"""barrier(): returns once every rank has called it.
-"""
+"""barrier(): returns once every rank has called it. The negotiation that precedes every
+collective is the barrier: nothing follows it (a rank that called join() serves it too)."""
 
 from __future__ import annotations
 
-from elasticrun.torch.collectives import join
+from elasticrun.torch.collectives.negotiation import negotiate
 from elasticrun.torch.collectives.process_sets import ProcessSet, check, global_process_set
-from elasticrun.torch.world.place import world
+from elasticrun.torch.collectives.requests import Kind, Request
 
 
 def barrier(process_set: ProcessSet | None = global_process_set) -> None:
-    """Returns once every rank has called barrier() (the header collective is the barrier)."""
+    """Returns once every rank has called barrier()."""
     check(process_set, "barrier")
-    if world()[1] > 1:
-        join.announced(join.BARRIER)
+    negotiate(Request(Kind.BARRIER))

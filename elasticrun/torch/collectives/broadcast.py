@@ -8,11 +8,14 @@ from typing import Any
 
 import torch
 
-from elasticrun.torch.collectives import handles, join
+from elasticrun.torch.collectives import handles
 from elasticrun.torch.collectives.allreduce import allreduce
 from elasticrun.torch.collectives.fusion import nbytes
+from elasticrun.torch.collectives.negotiation import negotiate
 from elasticrun.torch.collectives.process_sets import ProcessSet, check, global_process_set
 from elasticrun.torch.collectives.reduce_ops import Average
+from elasticrun.torch.collectives.requests import Kind, Request
+from elasticrun.torch.collectives.wire import to_wire
 from elasticrun.torch.world import plane
 from elasticrun.torch.world.boundary import collective
 from elasticrun.torch.world.place import world
@@ -22,23 +25,29 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = No
                      process_set: ProcessSet | None = global_process_set) -> int:
     """Starts overwriting `tensor` with root_rank's; returns a handle."""
     check(process_set, "broadcast")
-    rank, size = world()
-    if not 0 <= root_rank < size:
-        raise ValueError(f"root_rank={root_rank}: expected a rank in 0..{size - 1}")
+    _, size = world()
+    problem: BaseException | None = None
+    if not isinstance(root_rank, int) or not 0 <= root_rank < size:
+        problem = ValueError(f"root_rank={root_rank!r}: expected a rank in 0..{size - 1}")
+    problem = problem or handles.name_problem(name)
+    negotiate(Request(Kind.BROADCAST, dtypes=(tensor.dtype,), shapes=(tuple(tensor.shape),),
+                      device="GPU" if tensor.is_cuda else "CPU",
+                      root=root_rank if problem is None else -1, name=name,
+                      error=str(problem) if problem else ""), problem)
+    what = f"broadcast {name or ''}".strip()
     if size == 1:
-        return handles.register(handles.Pending("broadcast", [], lambda: tensor))
-    join.announced(join.BROADCAST)
-    target = tensor if tensor.is_contiguous() else tensor.contiguous()
+        return handles.register(handles.Pending(what, [], lambda: tensor, name=name))
+    target = to_wire(tensor.contiguous())
     with collective("broadcast", nbytes=nbytes(target)):
         work = plane.broadcast(target, src=root_rank, async_op=True)
 
     def finish() -> torch.Tensor:
-        if target is not tensor:
+        if target.data_ptr() != tensor.data_ptr():
             tensor.copy_(target)
         return tensor
 
-    return handles.register(handles.Pending(f"broadcast {name or ''}".strip(), [work], finish,
-                                            nbytes=nbytes(target)))
+    return handles.register(handles.Pending(what, [work], finish, nbytes=nbytes(target),
+                                            name=name))
 
 
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
+from elasticrun.torch.collectives.wire import wire_dtype
 from elasticrun.torch.world.boundary import collective
 from elasticrun.worker import timeline
 
@@ -26,18 +27,20 @@ def nbytes(tensor: torch.Tensor) -> int:
 
 
 def buckets(tensors: Sequence[torch.Tensor], bucket_bytes: int,
-            alone_bytes: int = ALONE_BYTES) -> list[list[int]]:
-    """Groups tensor indices into buckets of one device and dtype and at most ~bucket_bytes
-    each. A contiguous tensor of alone_bytes or more gets a bucket of its own, so that it is
-    reduced in place: fusing it would cost more in copies than it saves in collectives."""
+            alone_bytes: int = ALONE_BYTES, reducing: bool = False) -> list[list[int]]:
+    """Groups tensor indices into buckets of one device and wire dtype (wire.py) and at most
+    ~bucket_bytes each. A contiguous tensor of alone_bytes or more that travels as it is
+    gets a bucket of its own, so that it is reduced in place: fusing it would cost more in
+    copies than it saves in collectives."""
     groups: list[list[int]] = []
     open_bucket: dict[tuple[torch.device, torch.dtype], tuple[list[int], int]] = {}
     for index, tensor in enumerate(tensors):
         size = tensor.numel() * tensor.element_size()
-        if size >= alone_bytes and tensor.is_contiguous():
+        dtype = wire_dtype(tensor.dtype, reducing)
+        if size >= alone_bytes and tensor.is_contiguous() and dtype == tensor.dtype:
             groups.append([index])
             continue
-        kind = (tensor.device, tensor.dtype)
+        kind = (tensor.device, dtype)
         members, used = open_bucket.get(kind, ([], 0))
         if members and used + size > bucket_bytes:
             groups.append(members)
@@ -68,35 +71,47 @@ class Bucket:
             self.flat.data_ptr() == tensors[self.members[0]].data_ptr()
 
 
-def flatten(tensors: Sequence[torch.Tensor], members: list[int]) -> torch.Tensor:
+def flatten(tensors: Sequence[torch.Tensor], members: list[int], reducing: bool = False
+            ) -> torch.Tensor:
     chosen = [tensors[i] for i in members]
-    if len(chosen) == 1 and chosen[0].is_contiguous():
+    dtype = wire_dtype(chosen[0].dtype, reducing)
+    if len(chosen) == 1 and chosen[0].is_contiguous() and dtype == chosen[0].dtype:
         # A tensor alone in its bucket (a large layer) is used in place: copying it out
         # and back would cost two passes over the largest tensors.
         return chosen[0].detach().view(-1)
-    return torch.cat([t.detach().reshape(-1) for t in chosen])
+    return torch.cat([t.detach().reshape(-1).to(dtype) for t in chosen])
+
+
+def plan(tensors: Sequence[torch.Tensor], reducing: bool = False,
+         bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> list[tuple[list[int], int, torch.dtype]]:
+    """The buckets `launch` will make: (members, element count, wire dtype) of each."""
+    return [(group, sum(tensors[i].numel() for i in group),
+             wire_dtype(tensors[group[0]].dtype, reducing))
+            for group in buckets(tensors, bucket_bytes, reducing=reducing)]
 
 
 def launch(tensors: Sequence[torch.Tensor], start: Callable[[torch.Tensor], list[Waitable]],
-           bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> list[Bucket]:
+           bucket_bytes: int = DEFAULT_BUCKET_BYTES, reducing: bool = False) -> list[Bucket]:
     """Flattens `tensors` into buckets and starts `start(flat)` on each, in order."""
     started = []
-    for group in buckets(tensors, bucket_bytes):
-        flat = flatten(tensors, group)
+    for group in buckets(tensors, bucket_bytes, reducing=reducing):
+        flat = flatten(tensors, group, reducing)
         stamp = time.time() if timeline.enabled() else 0.0
         started.append(Bucket(group, flat, start(flat), stamp))
     return started
 
 
 def unflatten(bucket: Bucket, tensors: Sequence[torch.Tensor]) -> None:
-    """Copies a completed bucket's values back into its tensors."""
+    """Copies a completed bucket's values back into its tensors (off the wire's dtype:
+    int16 wraps as the wire's sum did, bool is "not 0")."""
     if bucket.in_place(tensors):
         return
     offset = 0
     for i in bucket.members:
         target = tensors[i]
         count = target.numel()
-        target.data.copy_(bucket.flat[offset:offset + count].view_as(target))
+        part = bucket.flat[offset:offset + count].view(target.shape)
+        target.data.copy_(part if target.dtype != torch.bool else part != 0)
         offset += count
 
 

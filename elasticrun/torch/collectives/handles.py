@@ -26,6 +26,7 @@ class Pending:
     finish: Callable[[], Any]
     nbytes: int = 0
     op: str = ""
+    name: str | None = None  # the user's name: one collective of a name in flight at a time
     launched: float = field(default_factory=time.time)
 
     def completed(self) -> bool:
@@ -45,12 +46,24 @@ class Pending:
 
 
 _pending: dict[int, Pending] = {}
+_names: dict[str, int] = {}  # names in flight -> their handle
 _numbers = itertools.count(1)
+
+DUPLICATE_NAME = ("Requested to allreduce, allgather, or broadcast a tensor with the same name "
+                  "as another tensor that is currently being processed. If you want to request "
+                  "another tensor, use a different tensor name.")
+
+
+def name_problem(name: str | None) -> ValueError | None:
+    """Horovod's error for a name whose collective is still in flight (None: free)."""
+    return ValueError(f"{DUPLICATE_NAME} (name {name!r})") if name in _names else None
 
 
 def register(pending: Pending) -> int:
     handle = next(_numbers)
     _pending[handle] = pending
+    if pending.name is not None:
+        _names[pending.name] = handle
     return handle
 
 
@@ -67,9 +80,14 @@ def synchronize(handle: int) -> Any:
     """Waits for the collective behind `handle` and returns its result (None for a handle
     that is not pending, as with Horovod)."""
     pending = _pending.pop(handle, None)
-    return None if pending is None else pending.wait()
+    if pending is None:
+        return None
+    if pending.name is not None and _names.get(pending.name) == handle:
+        del _names[pending.name]
+    return pending.wait()
 
 
 def forget_all() -> None:
     """Drops every pending handle (a reset: their round's works are gone)."""
     _pending.clear()
+    _names.clear()

@@ -36,10 +36,9 @@ class _Carried:
 _fresh: _Carried | None = None
 
 
-def ballot(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """This rank's vote, to reduce by a sum along with a bucket of `dtype` on `device`."""
-    voted = runtime.current().hosts_changed()
-    return torch.full((1,), 1.0 if voted else 0.0, dtype=dtype, device=device)
+def voted() -> bool:
+    """This rank's vote: whether it saw a host-change notice the round does not reflect."""
+    return runtime.current().hosts_changed()
 
 
 def carried(reduced: torch.Tensor) -> None:
@@ -47,8 +46,8 @@ def carried(reduced: torch.Tensor) -> None:
     positive factor), for the next agreement to use."""
     global _fresh
     round_number = runtime.current().round
-    if not reduced.is_cuda:
-        _fresh = _Carried(round_number, reduced)
+    if not reduced.is_cuda:  # a copy: the bucket it rides in is reused by the next step
+        _fresh = _Carried(round_number, reduced.clone())
         return
     # Copied now, before the optimizer's kernels are queued, so that the commit waits for
     # the reduction only, not for the update.

@@ -9,13 +9,24 @@ from typing import Any
 
 import torch
 
-from elasticrun.torch.collectives import handles, join
+from elasticrun.torch.collectives import handles
 from elasticrun.torch.collectives.allgather import allgather
-from elasticrun.torch.collectives.allreduce import start_grouped
 from elasticrun.torch.collectives.fusion import nbytes
+from elasticrun.torch.collectives.negotiation import negotiate
 from elasticrun.torch.collectives.process_sets import ProcessSet, check, global_process_set
-from elasticrun.torch.collectives.reduce_ops import Average, ReduceOp, Sum, resolve_op, scale_
+from elasticrun.torch.collectives.reduce_ops import (
+    TORCH_OPS,
+    Average,
+    ReduceOp,
+    Sum,
+    resolve_op,
+    scale_,
+)
+from elasticrun.torch.collectives.requests import Kind, Request
+from elasticrun.torch.collectives.wire import to_wire
 from elasticrun.torch.compression import Compression, Compressor
+from elasticrun.torch.world import plane
+from elasticrun.torch.world.boundary import collective
 from elasticrun.torch.world.place import world
 
 
@@ -32,28 +43,34 @@ def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: Reduc
     first dimension. Gloo has no reduce-scatter, so this is an allreduce and a slice."""
     check(process_set, "reducescatter")
     op = resolve_op(op, None)
-    if op not in (Average, Sum):
-        raise ValueError(f"reducescatter supports Average and Sum, not {op.name}")
     rank, size = world()
-    if tensor.dim() == 0:
-        raise ValueError("reducescatter needs a tensor with at least one dimension")
-    if size > 1:
-        join.announced(join.REDUCESCATTER)
-    reduced = tensor.detach().clone()
+    problem: BaseException | None = None
+    if op not in (Average, Sum):
+        problem = ValueError(f"reducescatter supports Average and Sum, not {op.name}")
+    elif tensor.dim() == 0:
+        problem = ValueError("reducescatter needs a tensor with at least one dimension")
+    problem = problem or handles.name_problem(name)
+    negotiate(Request(Kind.REDUCESCATTER, dtypes=(tensor.dtype,),
+                      shapes=(tuple(tensor.shape),), device="GPU" if tensor.is_cuda else "CPU",
+                      op=op.value, scales=(prescale_factor, postscale_factor), name=name,
+                      error=str(problem) if problem else ""), problem)
+    reduced = to_wire(tensor.detach(), reducing=True).clone()
     scale_(reduced, prescale_factor)
-    offset, count = _share(tensor.shape[0], size, rank)
-    inner = handles.Pending("reducescatter", [], lambda: None)
+    works = []
     if size > 1:
-        inner = start_grouped([reduced], op)
+        with collective("reducescatter", nbytes=nbytes(reduced), op=op.value):
+            works.append(plane.all_reduce(reduced, op=TORCH_OPS[op], async_op=True))
+    offset, count = _share(tensor.shape[0], size, rank)
+    after = postscale_factor / size if op is Average else postscale_factor
 
     def finish() -> torch.Tensor:
-        inner.wait()
         mine = reduced.narrow(0, offset, count).clone()
-        scale_(mine, postscale_factor)
-        return mine
+        scale_(mine, after)
+        return mine.to(tensor.dtype)
 
-    return handles.register(handles.Pending(f"reducescatter {name or ''}".strip(), [], finish,
-                                            nbytes=nbytes(reduced), op=op.value))
+    return handles.register(handles.Pending(f"reducescatter {name or ''}".strip(), works,
+                                            finish, nbytes=nbytes(reduced), op=op.value,
+                                            name=name))
 
 
 class _Reducescatter(torch.autograd.Function):

@@ -10,7 +10,9 @@ import torch.distributed as dist
 
 from elasticrun.protocol import Notice
 from elasticrun.torch import functions
-from elasticrun.torch.collectives import host_vote, join
+from elasticrun.torch.collectives import host_vote
+from elasticrun.torch.collectives.negotiation import negotiate
+from elasticrun.torch.collectives.requests import Kind, Request
 from elasticrun.torch.elastic.sampler import ElasticSampler
 from elasticrun.torch.elastic.state import TorchState
 from elasticrun.torch.world import place, plane, runtime
@@ -25,6 +27,8 @@ from elasticrun.worker.elastic import (
 )
 
 R = TypeVar("R")
+_AGREEMENT = Request(Kind.ALLREDUCE, dtypes=(torch.int32,), shapes=((1,),), op="max",
+                     buckets=((1, torch.int32),))
 
 
 class TorchBackend:
@@ -46,15 +50,12 @@ class TorchBackend:
         if place.size() == 1:
             return lambda: flag
         vote = torch.tensor([1 if flag else 0], dtype=torch.int32)
-        # announced like an allreduce, so a rank that called join() serves it too
-        header = join.announce(join.ALLREDUCE, 1, vote.dtype, dist.ReduceOp.MAX)
+        # negotiated as an allreduce, so that a rank that called join() serves it too
+        negotiate(_AGREEMENT)
         with collective("the host-change agreement"):
             work = plane.all_reduce(vote, op=dist.ReduceOp.MAX, async_op=True)
 
         def result() -> bool:
-            # Both works are waited for: one left running could outlive the round and hold
-            # up the group's teardown.
-            header.wait()
             with collective("the host-change agreement"):
                 work.wait()
             return bool(vote.item())

@@ -14,10 +14,15 @@ from types import TracebackType
 
 from elasticrun.worker import timeline
 from elasticrun.worker.client import RequestRefusedError
-from elasticrun.worker.elastic import HostsUpdatedInterrupt, WorkersFailedError
+from elasticrun.worker.elastic import (
+    CollectiveMismatchError,
+    HostsUpdatedInterrupt,
+    WorkersFailedError,
+)
 
 # RuntimeErrors that are not a failed communication.
 _NOT_COMMUNICATION = (WorkersFailedError, HostsUpdatedInterrupt, RequestRefusedError,
+                      CollectiveMismatchError,
                       NotImplementedError, RecursionError)
 
 

@@ -1,0 +1,266 @@
+"""One step's gradient reduction, as DistributedOptimizer runs it.
+
+Each parameter's gradient hook counts its backward passes; when the last pass of a step has
+produced every gradient of a bucket, the bucket's allreduce starts at once, overlapping the
+rest of backward. Buckets start in one fixed order on every rank (DDP's rule), so ranks
+whose gradients arrive in different orders still issue the same collectives in the same
+order. The first bucket of a step is preceded by the step's one negotiation, which covers
+every bucket (and lets a rank that called join() serve them); the buckets themselves carry
+nothing but gradients and, in the last, the host-change vote. `wait()` (at step(), or
+synchronize()) starts what has not started and waits for everything.
+
+Gradients compressed by a compressor other than Compression.none and fp16 take the general
+path: each bucket is an allreduce of its own (compressed tensors, negotiated each).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from elasticrun.torch.collectives import handles, host_vote
+from elasticrun.torch.collectives.allgather import sparse_allreduce_async
+from elasticrun.torch.collectives.allreduce import start_grouped
+from elasticrun.torch.collectives.negotiation import (
+    Early,
+    announce_early,
+    drop_early,
+    negotiate,
+)
+from elasticrun.torch.collectives.reduce_ops import Average, ReduceOp, Sum
+from elasticrun.torch.collectives.requests import Kind, Request
+from elasticrun.torch.compression import Compression, Compressor
+from elasticrun.torch.optimizer.buckets import GradientBucket, layout
+from elasticrun.torch.world import plane, runtime
+from elasticrun.torch.world.boundary import collective
+from elasticrun.torch.world.place import size
+from elasticrun.worker import timeline
+
+
+class GradientReduction:
+    def __init__(self, params: list[torch.Tensor],
+                 groups: int | Sequence[Sequence[torch.Tensor]] | None,
+                 compression: type[Compressor], op: ReduceOp, predivide: float, passes: int,
+                 sparse_as_dense: bool) -> None:
+        self.compression = compression
+        self.op = op
+        self.predivide = predivide
+        self.passes = passes
+        self.sparse_as_dense = sparse_as_dense
+        # Compression.none and fp16 travel in typed flat buckets; others compress per tensor.
+        self.typed = compression in (Compression.none, Compression.fp16)
+        self.buckets = [GradientBucket(b, self._wire(b[0])) for b in layout(params, groups)]
+        self.where = {id(p): (i, j) for i, b in enumerate(self.buckets)
+                      for j, p in enumerate(b.params)}
+        self.delay = {id(p): passes for p in params}
+        self.round = -1
+        self._request: Request | None = None
+        self.before = self.after = 1.0  # set with the round's request
+        self.world = 1
+        self._early_request = Request(Kind.ALLREDUCE, early=True)  # set with the request
+        self.forget()
+
+    def _wire(self, p: torch.Tensor) -> torch.dtype:
+        if self.compression is Compression.fp16 and p.dtype.is_floating_point:
+            return torch.float16
+        return p.dtype
+
+    # --- the step's state ------------------------------------------------------------------
+    def forget(self) -> None:
+        """Drops the step's started reductions and counts (a new round, or a restore)."""
+        self.delay = dict.fromkeys(self.delay, self.passes)
+        self.ready = [0] * len(self.buckets)
+        self.gathered: list[set[int]] = [set() for _ in self.buckets]
+        self.sparse: list[set[int]] = [set() for _ in self.buckets]
+        self.works: list[list[Any]] = [[] for _ in self.buckets]
+        self.pending: list[handles.Pending | None] = [None] * len(self.buckets)
+        # the general path: each bucket's gradients and their compressors' contexts
+        self.compressed: dict[int, tuple[list[torch.Tensor], list[Any]]] = {}
+        self.launched: list[float] = [0.0] * len(self.buckets)
+        self.next = 0
+        drop_early(getattr(self, "early", None))
+        self.early: Early | None = None  # the step's announcement, ahead of its data
+        number = runtime.current().round if runtime.is_initialized() else -1
+        if number != self.round:
+            self.round, self._request = number, None
+            # A left round's works may run on in Gloo until its timeout, writing into the
+            # buckets they were given: the new round's reductions get buckets of their own.
+            for bucket in self.buckets:
+                bucket.flat = None
+
+    @property
+    def started(self) -> bool:
+        return self.next > 0
+
+    def check_round(self) -> None:
+        if runtime.current().round != self.round:
+            self.forget()  # the old round's works are gone with its group
+
+    def _voting(self) -> bool:
+        """A summed vote survives the scaling of Average and Sum; other ops (and a
+        predivided average) leave the agreement to its own collective."""
+        return size() > 1 and self.op in (Average, Sum) and self.predivide == 1.0
+
+    def _scales(self) -> tuple[float, float]:
+        """The factors gradients are scaled by as they enter a bucket, and reduced buckets
+        after: Horovod's prescale (1/predivide) and postscale (predivide/size for Average);
+        a plain Average is all done before the sum (1/size, as DDP), in the same pass as
+        the copy into the bucket."""
+        if self.op is not Average:
+            return 1.0 / self.predivide, 1.0
+        if self.predivide == 1.0:
+            return 1.0 / size(), 1.0
+        return 1.0 / self.predivide, self.predivide / size()
+
+    def request(self) -> Request:
+        """The step's negotiated request (the same every step of a round)."""
+        if self._request is None:
+            self.world = size()
+            self.before, self.after = self._scales()
+            vote = self._voting()
+            for index, bucket in enumerate(self.buckets):
+                bucket.vote = vote and index == len(self.buckets) - 1
+                if self.typed:
+                    bucket.allocate()
+            params = [p for b in self.buckets for p in b.params]
+            self._request = Request(
+                Kind.ALLREDUCE, dtypes=tuple(p.dtype for p in params),
+                shapes=tuple(tuple(p.shape) for p in params),
+                device="GPU" if params[0].is_cuda else "CPU", op=self.op.value,
+                scales=(1.0 / self.predivide, self.predivide),
+                buckets=tuple((b.numel, b.wire) for b in self.buckets) if self.typed else ())
+            self._early_request = dataclasses.replace(self._request, early=True)
+        return self._request
+
+    # --- backward --------------------------------------------------------------------------
+    def on_gradient(self, p: torch.Tensor) -> None:
+        key = id(p)
+        if self.delay[key] <= 0:
+            raise AssertionError("Gradients were computed more than backward_passes_per_step "
+                                 "times before call to step(). Increase "
+                                 "backward_passes_per_step to accumulate gradients locally.")
+        self.delay[key] -= 1
+        if self.delay[key] == 0:
+            index, position = self.where[key]
+            if self.typed:
+                self.request()  # the buckets exist
+                if self.early is None and self.next == 0 and self.world > 1:
+                    # the step's first gradient: its round trip overlaps the rest of backward
+                    self.early = announce_early(self._early_request)
+                self._gather(index, position)
+            self.ready[index] += 1
+            while self.next < len(self.buckets) and \
+                    self.ready[self.next] == len(self.buckets[self.next].params):
+                self.start(self.next)
+                self.next += 1
+
+    def _gather(self, index: int, position: int) -> None:
+        if position not in self.gathered[index]:
+            if self.buckets[index].gather(position, self.sparse_as_dense, self.before):
+                self.sparse[index].add(position)
+            self.gathered[index].add(position)
+
+    def start_remaining(self) -> None:
+        while self.next < len(self.buckets):
+            self.start(self.next)
+            self.next += 1
+
+    def start(self, index: int) -> None:
+        bucket = self.buckets[index]
+        if not self.typed:
+            self._start_compressed(index)
+            return
+        if index == 0:
+            self._negotiate()
+        for position in range(len(bucket.params)):
+            self._gather(position=position, index=index)
+        flat = bucket.flat
+        assert flat is not None
+        if bucket.vote:
+            bucket.vote_slot().fill_(1.0 if host_vote.voted() else 0.0)
+        self.launched[index] = time.time() if timeline.enabled() else 0.0
+        if size() > 1:
+            with collective("allreduce", nbytes=flat.numel() * flat.element_size(),
+                            op=self.op.value):
+                self.works[index] = [plane.all_reduce(flat, op=dist.ReduceOp.SUM,
+                                                      async_op=True)]
+
+    def _negotiate(self) -> None:
+        """The step's negotiation, before its first data: the early announcement's result
+        (announced again at once if a rank has joined, so that it serves the data), or one
+        now."""
+        early, self.early = self.early, None
+        if early is None or early.result().joined:
+            negotiate(self.request())
+
+    def _start_compressed(self, index: int) -> None:
+        bucket = self.buckets[index]
+        grads = []
+        for position, p in enumerate(bucket.params):
+            if p.grad is None:  # every rank must reduce the same tensors
+                p.grad = torch.zeros_like(p)
+            if p.grad.is_sparse and not self.sparse_as_dense:
+                self.sparse[index].add(position)
+                continue
+            if p.grad.is_sparse:
+                p.grad = p.grad.to_dense()
+            grads.append(p.grad)
+        compressed = [self.compression.compress(g) for g in grads]
+        tensors = [c for c, _ in compressed]
+        self.pending[index] = start_grouped(tensors, self.op, None, 1.0 / self.predivide,
+                                            self.predivide)
+        self.compressed[index] = (grads, [ctx for _, ctx in compressed])
+
+    # --- step() ----------------------------------------------------------------------------
+    def wait(self) -> None:
+        """Starts what has not started, waits for every bucket, and leaves the reduced
+        gradients in `.grad` (the vote, if carried, with host_vote)."""
+        self.start_remaining()
+        self.request()
+        after = self.after
+        for index, bucket in enumerate(self.buckets):
+            waited = time.time()
+            if self.typed:
+                for work in self.works[index]:
+                    with collective("allreduce"):
+                        work.wait()
+                assert bucket.flat is not None
+                if after != 1.0:
+                    bucket.flat.mul_(after)
+                bucket.scatter(self.sparse[index])
+                if bucket.vote:
+                    host_vote.carried(bucket.vote_slot())
+            else:
+                self._finish_compressed(index)
+            self._record(index, waited)
+            for position in sorted(self.sparse[index]):
+                p = bucket.params[position]
+                assert p.grad is not None
+                p.grad = handles.synchronize(sparse_allreduce_async(p.grad, op=self.op))
+        self.forget()
+
+    def _finish_compressed(self, index: int) -> None:
+        pending = self.pending[index]
+        assert pending is not None
+        reduced = pending.wait()
+        grads, contexts = self.compressed[index]
+        for grad, out, context in zip(grads, reduced, contexts, strict=True):
+            restored = self.compression.decompress(out, context)
+            if restored.data_ptr() != grad.data_ptr():
+                grad.copy_(restored)
+
+    def _record(self, index: int, waited: float) -> None:
+        """One "fusion" event per bucket: its launch to its completion (timeline on)."""
+        launched = self.launched[index]
+        if not launched:
+            return
+        bucket, done = self.buckets[index], time.time()
+        timeline.record("allreduce", "fusion", launched, done, bucket=index,
+                        tensors=len(bucket.params), bytes=bucket.numel * bucket.wire.itemsize,
+                        queue_ms=round((waited - launched) * 1e3, 3),
+                        run_ms=round((done - waited) * 1e3, 3))
