@@ -39,6 +39,8 @@ ENV_ROUND_TIMEOUT = "ELASTICRUN_ROUND_TIMEOUT"
 ENV_DRIVER_TIMEOUT = "ELASTICRUN_DRIVER_TIMEOUT"
 # --backend auto|gloo|nccl (for CUDA tensors), and the CUDA device a worker is pinned to.
 ENV_BACKEND = "ELASTICRUN_BACKEND"
+# "1" when the job's membership may change (--min-np, --max-np, discovery), else "0".
+ENV_ELASTIC = "ELASTICRUN_ELASTIC"
 ENV_CUDA_DEVICE = "ELASTICRUN_CUDA_DEVICE"
 # --timeline-filename: record from init() on ("1"), with a CYCLE mark per optimizer step.
 ENV_TIMELINE = "ELASTICRUN_TIMELINE"

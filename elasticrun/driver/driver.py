@@ -133,7 +133,7 @@ class Driver:
             rendezvous_addr=dialed[0], rendezvous_port=port, secret=self._secret,
             collective_timeout=config.collective_timeout,
             round_timeout=config.start_timeout + config.elastic_timeout,
-            driver_timeout=config.driver_timeout, backend=config.backend,
+            driver_timeout=config.driver_timeout, backend=config.backend, elastic=config.elastic,
             gloo_interface=config.network_interface or ("lo" if all_local else None))
         settings = PoolSettings(config.command, config.working_dir, config.stop_grace_period,
                                 env, launcher_env(),

@@ -50,6 +50,7 @@ from elasticrun.torch.collectives.process_sets import (
     ProcessSet,
     add_process_set,
     global_process_set,
+    init_process_sets,
     remove_process_set,
 )
 from elasticrun.torch.collectives.reduce_ops import (
@@ -102,16 +103,16 @@ _NOT_SUPPORTED = {
 
 
 def init(comm: Any = None, process_sets: Any = None) -> None:
-    """Joins the job (idempotent); blocks until this worker's round is complete. Horovod's
-    `comm` (an MPI communicator or rank list) and `process_sets` are refused, except the
-    forms that mean "every rank"."""
+    """Joins the job; blocks until this worker's round is complete (after shutdown(), the
+    round after the one it left). `process_sets`: Horovod's static process sets, a list of
+    ProcessSet (or "dynamic", accepted: add_process_set always works), in jobs that are not
+    elastic. Horovod's `comm` (an MPI communicator) is refused: elasticrun has no MPI."""
     if comm is not None:
         raise NotSupportedError("init(comm=...): elasticrun has no MPI and always uses every "
                                 "rank of the current round")
-    if process_sets not in (None, [], "dynamic"):
-        raise NotSupportedError("init(process_sets=...): elasticrun supports only the global "
-                                "process set")
     runtime.init()
+    if process_sets not in (None, "dynamic"):
+        init_process_sets(list(process_sets))
 
 
 def __getattr__(name: str) -> Any:

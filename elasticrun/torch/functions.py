@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from elasticrun.torch.collectives.fusion import fused_collective
 from elasticrun.torch.collectives.negotiation import negotiate
-from elasticrun.torch.collectives.process_sets import ProcessSet, check, global_process_set
+from elasticrun.torch.collectives.process_sets import ProcessSet, global_process_set, scope
 from elasticrun.torch.collectives.requests import Kind, Request
 from elasticrun.torch.world import plane, runtime
 from elasticrun.torch.world.boundary import collective
@@ -32,20 +32,22 @@ def _size() -> int:
 def broadcast_object(obj: Any = None, root_rank: int = 0, name: str | None = None,
                      process_set: ProcessSet | None = global_process_set) -> Any:
     """Returns root_rank's `obj` on every rank (pickled; use for small objects)."""
-    check(process_set, "broadcast_object")
-    problem = None if 0 <= root_rank < _size() else ValueError(
-        f"root_rank={root_rank!r}: expected a rank in 0..{_size() - 1}")
+    within = scope(process_set, "broadcast_object")
+    members = process_set.ranks if within.group is not None and process_set else None
+    problem = None if 0 <= root_rank < _size() and (members is None or root_rank in members) \
+        else ValueError(f"root_rank={root_rank!r}: expected a rank of "
+                        f"{members if members is not None else 'the job'}")
     negotiate(Request(Kind.OBJECT, root=root_rank if problem is None else -1, name=name,
-                      error=str(problem) if problem else ""), problem)
-    if _size() == 1:
+                      error=str(problem) if problem else ""), problem, within)
+    if within.size == 1:
         return obj
     payload = _pickled(obj) if _rank() == root_rank else torch.empty(0, dtype=torch.uint8)
     with collective("broadcast_object"):
         length = torch.tensor([payload.numel()], dtype=torch.int64)
-        plane.broadcast(length, root_rank)
+        plane.broadcast(length, root_rank, group=within.group)
         if _rank() != root_rank:
             payload = torch.empty(int(length), dtype=torch.uint8)
-        plane.broadcast(payload, root_rank)
+        plane.broadcast(payload, root_rank, group=within.group)
     return obj if _rank() == root_rank else _unpickled(payload)
 
 
@@ -61,20 +63,23 @@ def agreed(value: int) -> bool:
     return int(both[0]) == -int(both[1])
 
 
-def allgather_object(obj: Any, name: str | None = None) -> list[Any]:
-    """Returns every rank's `obj`, indexed by rank."""
-    negotiate(Request(Kind.OBJECT, name=name))
-    if _size() == 1:
+def allgather_object(obj: Any, name: str | None = None,
+                     process_set: ProcessSet | None = global_process_set) -> list[Any]:
+    """Returns every rank's `obj`, indexed by rank (within the process set)."""
+    within = scope(process_set, "allgather_object")
+    negotiate(Request(Kind.OBJECT, name=name), scope=within)
+    if within.size == 1:
         return [obj]
     payload = _pickled(obj)
     with collective("allgather_object"):
-        lengths = [torch.zeros(1, dtype=torch.int64) for _ in range(_size())]
-        plane.all_gather(lengths, torch.tensor([payload.numel()], dtype=torch.int64))
+        lengths = [torch.zeros(1, dtype=torch.int64) for _ in range(within.size)]
+        plane.all_gather(lengths, torch.tensor([payload.numel()], dtype=torch.int64),
+                         group=within.group)
         longest = max(int(length) for length in lengths)
         padded = torch.zeros(longest, dtype=torch.uint8)
         padded[:payload.numel()] = payload
-        gathered = [torch.empty(longest, dtype=torch.uint8) for _ in range(_size())]
-        plane.all_gather(gathered, padded)
+        gathered = [torch.empty(longest, dtype=torch.uint8) for _ in range(within.size)]
+        plane.all_gather(gathered, padded, group=within.group)
     return [_unpickled(data[:int(length)]) for data, length in zip(gathered, lengths,
                                                                     strict=True)]
 

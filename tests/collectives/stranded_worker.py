@@ -43,7 +43,7 @@ def join(number: int, rank: int, size: int, store_path: str) -> RoundSession:
 
 def main(rank: int, directory: str, mode: str) -> None:
     import atexit
-    atexit.register(runtime.shutdown)  # as er.init() does
+    atexit.register(runtime._close)  # as er.init() does
     session = join(1, rank, 2, f"{directory}/round1")
     if rank == 1:
         time.sleep(3 * COLLECTIVE_TIMEOUT_S)

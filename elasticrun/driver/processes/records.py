@@ -49,6 +49,7 @@ class EnvSettings:
     driver_timeout: float
     gloo_interface: str | None
     backend: str = "auto"
+    elastic: bool = True  # the membership may change (process sets are refused then)
 
 
 def job_env(
@@ -78,6 +79,7 @@ def job_env(
         protocol.ENV_ROUND_TIMEOUT: f"{settings.round_timeout:g}",
         protocol.ENV_DRIVER_TIMEOUT: f"{settings.driver_timeout:g}",
         protocol.ENV_BACKEND: settings.backend,
+        protocol.ENV_ELASTIC: "1" if settings.elastic else "0",
         "RANK": str(info.rank),
         "WORLD_SIZE": str(info.size),
         "LOCAL_RANK": str(info.local_rank),

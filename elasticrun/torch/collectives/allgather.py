@@ -13,21 +13,26 @@ from elasticrun.torch.collectives import handles
 from elasticrun.torch.collectives.allreduce import allreduce
 from elasticrun.torch.collectives.fusion import nbytes
 from elasticrun.torch.collectives.negotiation import negotiate
-from elasticrun.torch.collectives.process_sets import ProcessSet, check, global_process_set
+from elasticrun.torch.collectives.process_sets import (
+    ProcessSet,
+    check,
+    global_process_set,
+    scope,
+)
 from elasticrun.torch.collectives.reduce_ops import Average, ReduceOp, Sum, resolve_op
 from elasticrun.torch.collectives.requests import Kind, Request
 from elasticrun.torch.collectives.wire import to_wire
 from elasticrun.torch.world import plane
 from elasticrun.torch.world.boundary import collective
-from elasticrun.torch.world.place import world
+from elasticrun.torch.world.place import Scope
 
 
-def _first_dims(tensor: torch.Tensor, size: int) -> list[int]:
+def _first_dims(tensor: torch.Tensor, within: Scope) -> list[int]:
     """Every rank's first dimension (once the ranks agreed on the rest)."""
     mine = torch.tensor([tensor.shape[0]], dtype=torch.int64)
-    everyone = [torch.zeros(1, dtype=torch.int64) for _ in range(size)]
+    everyone = [torch.zeros(1, dtype=torch.int64) for _ in range(within.size)]
     with collective("allgather: exchanging sizes"):
-        plane.all_gather(everyone, mine)
+        plane.all_gather(everyone, mine, group=within.group)
     return [int(t.item()) for t in everyone]
 
 
@@ -35,8 +40,8 @@ def allgather_async(tensor: torch.Tensor, name: str | None = None,
                     process_set: ProcessSet | None = global_process_set) -> int:
     """Starts concatenating every rank's `tensor` along the first dimension (which may
     differ per rank); returns a handle."""
-    check(process_set, "allgather")
-    _, size = world()
+    within = scope(process_set, "allgather")
+    size = within.size
     problem: BaseException | None = None
     if tensor.dim() == 0:
         problem = ValueError("allgather needs a tensor with at least one dimension (Horovod: "
@@ -44,12 +49,12 @@ def allgather_async(tensor: torch.Tensor, name: str | None = None,
     problem = problem or handles.name_problem(name)
     negotiate(Request(Kind.ALLGATHER, dtypes=(tensor.dtype,), shapes=(tuple(tensor.shape),),
                       device="GPU" if tensor.is_cuda else "CPU", name=name,
-                      error=str(problem) if problem else ""), problem)
+                      error=str(problem) if problem else ""), problem, within)
     what = f"allgather {name or ''}".strip()
     if size == 1:
         result = tensor.detach().clone()
         return handles.register(handles.Pending(what, [], lambda: result, name=name))
-    dims = _first_dims(tensor, size)
+    dims = _first_dims(tensor, within)
     longest = max(dims)
     rest = tuple(tensor.shape[1:])
     source = to_wire(tensor.detach())
@@ -57,7 +62,7 @@ def allgather_async(tensor: torch.Tensor, name: str | None = None,
     padded[:tensor.shape[0]] = source
     parts = [torch.empty_like(padded) for _ in range(size)]
     with collective("allgather", nbytes=nbytes(padded)):
-        work = plane.all_gather(parts, padded, async_op=True)
+        work = plane.all_gather(parts, padded, async_op=True, group=within.group)
 
     def finish() -> torch.Tensor:
         gathered = torch.cat([part[:dim] for part, dim in zip(parts, dims, strict=True)])
@@ -69,24 +74,26 @@ def allgather_async(tensor: torch.Tensor, name: str | None = None,
 
 class _Allgather(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, name: str | None) -> torch.Tensor:
-        ctx.dim = tensor.shape[0]
-        return handles.synchronize(allgather_async(tensor, name))
+    def forward(ctx: Any, tensor: torch.Tensor, name: str | None,
+                process_set: ProcessSet | None) -> torch.Tensor:
+        ctx.dim, ctx.process_set = tensor.shape[0], process_set
+        return handles.synchronize(allgather_async(tensor, name, process_set))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        reduced = allreduce(grad, op=Average)
-        rank, _ = world()
-        dims = handles.synchronize(allgather_async(torch.tensor([ctx.dim])))
+        reduced = allreduce(grad, op=Average, process_set=ctx.process_set)
+        rank = scope(ctx.process_set, "allgather").rank
+        dims = handles.synchronize(allgather_async(torch.tensor([ctx.dim]),
+                                                   process_set=ctx.process_set))
         offset = int(dims[:rank].sum())
-        return reduced.narrow(0, offset, ctx.dim), None
+        return reduced.narrow(0, offset, ctx.dim), None, None
 
 
 def allgather(tensor: torch.Tensor, name: str | None = None,
               process_set: ProcessSet | None = global_process_set) -> torch.Tensor:
     """Every rank's `tensor`, concatenated along the first dimension in rank order."""
     check(process_set, "allgather")
-    return _Allgather.apply(tensor, name)
+    return _Allgather.apply(tensor, name, process_set)
 
 
 def grouped_allgather(tensors: list[torch.Tensor], name: str | None = None,
@@ -120,11 +127,12 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str | None = None,
         raise ValueError(f"sparse allreduce supports Average and Sum, not {op.name}")
     sparse = tensor.coalesce()
     indices = handles.synchronize(allgather_async(
-        sparse.indices().t().contiguous(), None if name is None else f"{name}.indices"))
+        sparse.indices().t().contiguous(), None if name is None else f"{name}.indices",
+        process_set))
     values = handles.synchronize(allgather_async(
-        sparse.values(), None if name is None else f"{name}.values"))
+        sparse.values(), None if name is None else f"{name}.values", process_set))
     if op is Average:
-        values = values / world()[1]
+        values = values / scope(process_set, "sparse_allreduce_async").size
     result = torch.sparse_coo_tensor(indices.t(), values, sparse.shape).coalesce()
     return SparseHandle(handles.register(handles.Pending("sparse allreduce", [],
                                                          lambda: result)))

@@ -16,16 +16,22 @@ from typing import Any
 
 import torch
 
+from elasticrun.errors import NotSupportedError
 from elasticrun.torch.collectives import fusion, handles
 from elasticrun.torch.collectives.adasum import adasum_allreduce_
 from elasticrun.torch.collectives.negotiation import negotiate
-from elasticrun.torch.collectives.process_sets import ProcessSet, check, global_process_set
+from elasticrun.torch.collectives.process_sets import (
+    ProcessSet,
+    check,
+    global_process_set,
+    scope,
+)
 from elasticrun.torch.collectives.reduce_ops import TORCH_OPS, ReduceOp, resolve_op, scale_
 from elasticrun.torch.collectives.requests import Kind, Request
 from elasticrun.torch.compression import Compression, Compressor
 from elasticrun.torch.world import plane
 from elasticrun.torch.world.boundary import collective
-from elasticrun.torch.world.place import size
+from elasticrun.torch.world.place import Scope, size
 
 
 def request_for(tensors: Sequence[torch.Tensor], op: ReduceOp, name: str | None,
@@ -56,18 +62,22 @@ def _problem(tensors: Sequence[torch.Tensor], op: ReduceOp, name: str | None
 
 
 def start_grouped(tensors: Sequence[torch.Tensor], op: ReduceOp, name: str | None = None,
-                  prescale_factor: float = 1.0, postscale_factor: float = 1.0
-                  ) -> handles.Pending:
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                  within: Scope | None = None) -> handles.Pending:
     """Negotiates, then starts reducing `tensors` in place, fused into a few buckets
     (Adasum completes here). Scaling is Horovod's: prescale before, and for Average the
     postscale divided by the size, after (integers scaled in double and truncated)."""
     tensors = list(tensors)
     what = f"allreduce {name}" if name else "allreduce"
     problem = _problem(tensors, op, name)
+    if within is not None and within.group is not None and op is ReduceOp.ADASUM:
+        problem = problem or NotSupportedError("Adasum with a process set: elasticrun's Adasum "
+                                               "runs over every rank")
     request, planned = request_for(tensors, op, name, (prescale_factor, postscale_factor),
                                    problem)
-    negotiate(request, problem)
-    world = size()
+    negotiate(request, problem, within)
+    world = size() if within is None else within.size
+    group = None if within is None else within.group
     after = postscale_factor / world if op is ReduceOp.AVERAGE else postscale_factor
     if op is ReduceOp.ADASUM:
         for tensor in tensors:
@@ -83,7 +93,7 @@ def start_grouped(tensors: Sequence[torch.Tensor], op: ReduceOp, name: str | Non
         if world == 1:
             return []
         with collective("allreduce", nbytes=fusion.nbytes(flat), op=op.value):
-            return [plane.all_reduce(flat, op=torch_op, async_op=True)]
+            return [plane.all_reduce(flat, op=torch_op, async_op=True, group=group)]
 
     launched = fusion.launch(tensors, start, reducing=True)
 
@@ -106,9 +116,9 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | No
                              process_set: ProcessSet | None = global_process_set) -> int:
     """Starts reducing `tensors` in place (fused into a few buckets); returns a handle."""
     op = resolve_op(op, average)
-    check(process_set, "allreduce")
+    within = scope(process_set, "allreduce")
     return handles.register(start_grouped(tensors, op, name, prescale_factor,
-                                          postscale_factor))
+                                          postscale_factor, within))
 
 
 def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | None = None,
@@ -136,8 +146,8 @@ def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: st
                      postscale_factor: float = 1.0,
                      process_set: ProcessSet | None = global_process_set) -> int:
     op = resolve_op(op, average)
-    check(process_set, "allreduce")
-    pending = start_grouped([tensor], op, name, prescale_factor, postscale_factor)
+    within = scope(process_set, "allreduce")
+    pending = start_grouped([tensor], op, name, prescale_factor, postscale_factor, within)
     finish = pending.finish
     pending.finish = lambda: finish()[0]
     return handles.register(pending)
@@ -163,15 +173,17 @@ def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | No
 class _Allreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, op: ReduceOp, name: str | None,
-                prescale: float, postscale: float) -> torch.Tensor:
-        ctx.settings = (op, prescale, postscale)
-        return allreduce_(tensor.detach().clone(), None, name, op, prescale, postscale)
+                prescale: float, postscale: float, process_set: ProcessSet | None
+                ) -> torch.Tensor:
+        ctx.settings = (op, prescale, postscale, process_set)
+        return allreduce_(tensor.detach().clone(), None, name, op, prescale, postscale,
+                          process_set)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        op, prescale, postscale = ctx.settings
-        return (allreduce_(grad.detach().clone(), None, None, op, prescale, postscale),
-                None, None, None, None)
+        op, prescale, postscale, process_set = ctx.settings
+        return (allreduce_(grad.detach().clone(), None, None, op, prescale, postscale,
+                           process_set), None, None, None, None, None)
 
 
 def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -183,24 +195,26 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
     op = resolve_op(op, average)
     check(process_set, "allreduce")
     compressed, context = compression.compress(tensor)
-    reduced = _Allreduce.apply(compressed, op, name, prescale_factor, postscale_factor)
+    reduced = _Allreduce.apply(compressed, op, name, prescale_factor, postscale_factor,
+                               process_set)
     return compression.decompress(reduced, context)
 
 
 class _GroupedAllreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, op: ReduceOp, name: str | None, prescale: float, postscale: float,
-                *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        ctx.settings = (op, prescale, postscale)
+                process_set: ProcessSet | None, *tensors: torch.Tensor
+                ) -> tuple[torch.Tensor, ...]:
+        ctx.settings = (op, prescale, postscale, process_set)
         return tuple(grouped_allreduce_([t.detach().clone() for t in tensors], None, name, op,
-                                        prescale, postscale))
+                                        prescale, postscale, process_set))
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
-        op, prescale, postscale = ctx.settings
+        op, prescale, postscale, process_set = ctx.settings
         reduced = grouped_allreduce_([g.detach().clone() for g in grads], None, None, op,
-                                     prescale, postscale)
-        return (None, None, None, None, *reduced)
+                                     prescale, postscale, process_set)
+        return (None, None, None, None, None, *reduced)
 
 
 def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = None,
@@ -214,6 +228,6 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = No
     check(process_set, "grouped_allreduce")
     pairs = [compression.compress(t) for t in tensors]
     reduced = _GroupedAllreduce.apply(op, name, prescale_factor, postscale_factor,
-                                      *[c for c, _ in pairs])
+                                      process_set, *[c for c, _ in pairs])
     return [compression.decompress(r, context)
             for r, (_, context) in zip(reduced, pairs, strict=True)]

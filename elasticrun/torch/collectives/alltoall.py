@@ -11,12 +11,16 @@ import torch
 from elasticrun.torch.collectives import handles
 from elasticrun.torch.collectives.fusion import nbytes
 from elasticrun.torch.collectives.negotiation import negotiate
-from elasticrun.torch.collectives.process_sets import ProcessSet, check, global_process_set
+from elasticrun.torch.collectives.process_sets import (
+    ProcessSet,
+    check,
+    global_process_set,
+    scope,
+)
 from elasticrun.torch.collectives.requests import Kind, Request
 from elasticrun.torch.collectives.wire import to_wire
 from elasticrun.torch.world import plane
 from elasticrun.torch.world.boundary import collective
-from elasticrun.torch.world.place import world
 
 
 def _splits_of(tensor: torch.Tensor, splits: torch.Tensor | list[int] | None, size: int
@@ -39,8 +43,8 @@ def alltoall_async(tensor: torch.Tensor, splits: torch.Tensor | list[int] | None
                    process_set: ProcessSet | None = global_process_set) -> int:
     """Starts sending `splits[r]` rows of `tensor` to each rank r; returns a handle whose
     result is (output, received_splits)."""
-    check(process_set, "alltoall")
-    _, size = world()
+    within = scope(process_set, "alltoall")
+    size = within.size
     counts: list[int] = []
     problem: BaseException | None = None
     try:
@@ -52,7 +56,7 @@ def alltoall_async(tensor: torch.Tensor, splits: torch.Tensor | list[int] | None
     problem = problem or handles.name_problem(name)
     negotiate(Request(Kind.ALLTOALL, dtypes=(tensor.dtype,), shapes=(tuple(tensor.shape),),
                       device="GPU" if tensor.is_cuda else "CPU", name=name,
-                      error=str(problem) if problem else ""), problem)
+                      error=str(problem) if problem else ""), problem, within)
     what = f"alltoall {name or ''}".strip()
     if size == 1:
         result = (tensor.detach().clone(), torch.tensor(counts, dtype=torch.int32))
@@ -60,14 +64,15 @@ def alltoall_async(tensor: torch.Tensor, splits: torch.Tensor | list[int] | None
     sent = torch.tensor(counts, dtype=torch.int64)
     received = torch.empty(size, dtype=torch.int64)
     with collective("alltoall: exchanging splits"):
-        plane.all_to_all_single(received, sent)
+        plane.all_to_all_single(received, sent, group=within.group)
     incoming = [int(c) for c in received.tolist()]
     source = to_wire(tensor.detach().contiguous())
     output = torch.empty((sum(incoming), *source.shape[1:]), dtype=source.dtype,
                          device=source.device)
     with collective("alltoall", nbytes=nbytes(source)):
         work = plane.all_to_all_single(output, source, output_split_sizes=incoming,
-                                      input_split_sizes=counts, async_op=True)
+                                      input_split_sizes=counts, async_op=True,
+                                      group=within.group)
     received_splits = received.to(torch.int32)
     return handles.register(handles.Pending(
         what, [work], lambda: (output.to(tensor.dtype), received_splits),
@@ -76,17 +81,19 @@ def alltoall_async(tensor: torch.Tensor, splits: torch.Tensor | list[int] | None
 
 class _Alltoall(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, splits: Any, name: str | None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        output, received = handles.synchronize(alltoall_async(tensor, splits, name))
-        ctx.received = received
+    def forward(ctx: Any, tensor: torch.Tensor, splits: Any, name: str | None,
+                process_set: ProcessSet | None) -> tuple[torch.Tensor, torch.Tensor]:
+        output, received = handles.synchronize(alltoall_async(tensor, splits, name,
+                                                              process_set))
+        ctx.received, ctx.process_set = received, process_set
         ctx.mark_non_differentiable(received)
         return output, received
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor, _: Any) -> tuple[Any, ...]:
-        output, _ = handles.synchronize(alltoall_async(grad, ctx.received))
-        return output, None, None
+        output, _ = handles.synchronize(alltoall_async(grad, ctx.received,
+                                                       process_set=ctx.process_set))
+        return output, None, None, None
 
 
 def alltoall(tensor: torch.Tensor, splits: torch.Tensor | list[int] | None = None,
@@ -96,5 +103,5 @@ def alltoall(tensor: torch.Tensor, splits: torch.Tensor | list[int] | None = Non
     and the rows they sent here, gathered in rank order. With `splits`, also returns how many
     rows came from each rank."""
     check(process_set, "alltoall")
-    output, received = _Alltoall.apply(tensor, splits, name)
+    output, received = _Alltoall.apply(tensor, splits, name, process_set)
     return output if splits is None else (output, received)

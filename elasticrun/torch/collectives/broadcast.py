@@ -12,7 +12,12 @@ from elasticrun.torch.collectives import handles
 from elasticrun.torch.collectives.allreduce import allreduce
 from elasticrun.torch.collectives.fusion import nbytes
 from elasticrun.torch.collectives.negotiation import negotiate
-from elasticrun.torch.collectives.process_sets import ProcessSet, check, global_process_set
+from elasticrun.torch.collectives.process_sets import (
+    ProcessSet,
+    check,
+    global_process_set,
+    scope,
+)
 from elasticrun.torch.collectives.reduce_ops import Average
 from elasticrun.torch.collectives.requests import Kind, Request
 from elasticrun.torch.collectives.wire import to_wire
@@ -24,22 +29,24 @@ from elasticrun.torch.world.place import world
 def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                      process_set: ProcessSet | None = global_process_set) -> int:
     """Starts overwriting `tensor` with root_rank's; returns a handle."""
-    check(process_set, "broadcast")
-    _, size = world()
+    within = scope(process_set, "broadcast")
+    members = process_set.ranks if within.group is not None and process_set else None
     problem: BaseException | None = None
-    if not isinstance(root_rank, int) or not 0 <= root_rank < size:
-        problem = ValueError(f"root_rank={root_rank!r}: expected a rank in 0..{size - 1}")
+    if not isinstance(root_rank, int) or not 0 <= root_rank < world()[1] or (
+            members is not None and root_rank not in members):
+        problem = ValueError(f"root_rank={root_rank!r}: expected a rank of "
+                             f"{members if members is not None else 'the job'}")
     problem = problem or handles.name_problem(name)
     negotiate(Request(Kind.BROADCAST, dtypes=(tensor.dtype,), shapes=(tuple(tensor.shape),),
                       device="GPU" if tensor.is_cuda else "CPU",
                       root=root_rank if problem is None else -1, name=name,
-                      error=str(problem) if problem else ""), problem)
+                      error=str(problem) if problem else ""), problem, within)
     what = f"broadcast {name or ''}".strip()
-    if size == 1:
+    if within.size == 1:
         return handles.register(handles.Pending(what, [], lambda: tensor, name=name))
     target = to_wire(tensor.contiguous())
     with collective("broadcast", nbytes=nbytes(target)):
-        work = plane.broadcast(target, src=root_rank, async_op=True)
+        work = plane.broadcast(target, src=root_rank, async_op=True, group=within.group)
 
     def finish() -> torch.Tensor:
         if target.data_ptr() != tensor.data_ptr():
@@ -62,21 +69,21 @@ def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
 
 class _Broadcast(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, root_rank: int, name: str | None
-                ) -> torch.Tensor:
-        ctx.root_rank = root_rank
-        return broadcast_(tensor.detach().clone(), root_rank, name)
+    def forward(ctx: Any, tensor: torch.Tensor, root_rank: int, name: str | None,
+                process_set: ProcessSet | None) -> torch.Tensor:
+        ctx.root_rank, ctx.process_set = root_rank, process_set
+        return broadcast_(tensor.detach().clone(), root_rank, name, process_set)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        reduced = allreduce(grad, op=Average)
+        reduced = allreduce(grad, op=Average, process_set=ctx.process_set)
         if world()[0] != ctx.root_rank:
             reduced = reduced * 0
-        return reduced, None, None
+        return reduced, None, None, None
 
 
 def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
               process_set: ProcessSet | None = global_process_set) -> torch.Tensor:
     """A new tensor holding root_rank's `tensor` (differentiable, as in Horovod)."""
     check(process_set, "broadcast")
-    return _Broadcast.apply(tensor, root_rank, name)
+    return _Broadcast.apply(tensor, root_rank, name, process_set)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from elasticrun.torch.collectives.fusion import Waitable
+from elasticrun.torch.world import runtime
 from elasticrun.torch.world.boundary import collective
 from elasticrun.worker import timeline
 
@@ -28,6 +29,7 @@ class Pending:
     op: str = ""
     name: str | None = None  # the user's name: one collective of a name in flight at a time
     launched: float = field(default_factory=time.time)
+    round: int = field(default_factory=lambda: _round())
 
     def completed(self) -> bool:
         return all(work.is_completed() for work in self.works)
@@ -54,9 +56,23 @@ DUPLICATE_NAME = ("Requested to allreduce, allgather, or broadcast a tensor with
                   "another tensor, use a different tensor name.")
 
 
+def _round() -> int:
+    return runtime.current().round if runtime.is_initialized() else -1
+
+
 def name_problem(name: str | None) -> ValueError | None:
-    """Horovod's error for a name whose collective is still in flight (None: free)."""
-    return ValueError(f"{DUPLICATE_NAME} (name {name!r})") if name in _names else None
+    """Horovod's error for a name whose collective is still in flight (None: free). A name
+    whose collective was left in an earlier round is free again (that round's works are
+    gone with it)."""
+    if name is None or name not in _names:
+        return None
+    handle = _names[name]
+    pending = _pending.get(handle)
+    if pending is None or pending.round != _round():
+        del _names[name]
+        _pending.pop(handle, None)
+        return None
+    return ValueError(f"{DUPLICATE_NAME} (name {name!r})")
 
 
 def register(pending: Pending) -> int:

@@ -46,6 +46,7 @@ from elasticrun.torch.collectives.requests import (
 )
 from elasticrun.torch.world import plane, runtime
 from elasticrun.torch.world.boundary import collective
+from elasticrun.torch.world.place import Scope
 
 NEUTRAL = -(1 << 62)  # below every encoded value and its negation (those are under 2**61)
 _CHECKED = 13  # kind, dtype, device, op, root, shapes, scales, name, numel, bucket dtype,
@@ -107,18 +108,19 @@ GATHER_UP_TO = 64
 
 
 class _Combining:
-    """The elementwise MAX over ranks of a header, in flight."""
+    """The elementwise MAX over ranks (of `group`: None for the round's) of a header."""
 
-    def __init__(self, header: torch.Tensor) -> None:
+    def __init__(self, header: torch.Tensor, size: int,
+                 group: dist.ProcessGroup | None = None) -> None:
         self._header = header
-        size = runtime.current().slot.size
         self._parts = ([torch.empty_like(header) for _ in range(size)]
                        if size <= GATHER_UP_TO else None)
         with collective("negotiating a collective"):
             if self._parts is not None:
-                self._work = plane.all_gather(self._parts, header, async_op=True)
+                self._work = plane.all_gather(self._parts, header, async_op=True, group=group)
             else:
-                self._work = plane.all_reduce(header, op=dist.ReduceOp.MAX, async_op=True)
+                self._work = plane.all_reduce(header, op=dist.ReduceOp.MAX, async_op=True,
+                                              group=group)
 
     def result(self) -> list[int]:
         with collective("negotiating a collective"):
@@ -129,8 +131,9 @@ class _Combining:
         return values
 
 
-def _exchange(header: torch.Tensor) -> list[int]:
-    return _Combining(header).result()
+def _exchange(header: torch.Tensor, size: int, group: dist.ProcessGroup | None = None
+              ) -> list[int]:
+    return _Combining(header, size, group).result()
 
 
 def _agreed(values: list[int]) -> tuple[bool, list[int]]:
@@ -140,11 +143,13 @@ def _agreed(values: list[int]) -> tuple[bool, list[int]]:
     return same, hi
 
 
-def _training_header(request: Request, local_error: BaseException | None) -> torch.Tensor:
-    """The header of `request` (a new tensor: an allreduce changes it in place)."""
+def _training_header(request: Request, local_error: BaseException | None,
+                     rank: int | None = None) -> torch.Tensor:
+    """The header of `request` (a new tensor: an allreduce changes it in place). `rank`: in
+    a process set, this rank's place in it."""
     unknown = len(request.buckets) > 1 and request.layout_key() not in _registry()
-    return _header(encode(request), rank=runtime.current().slot.rank, joining=False,
-                   error=local_error is not None, unknown=unknown)
+    return _header(encode(request), rank=runtime.current().slot.rank if rank is None else rank,
+                   joining=False, error=local_error is not None, unknown=unknown)
 
 
 _headers: dict[tuple[Request, int, int], torch.Tensor] = {}  # (request, round, rank)
@@ -164,14 +169,14 @@ def _repeated_header(request: Request) -> torch.Tensor:
     return header if live.slot.size <= GATHER_UP_TO else header.clone()
 
 
-def _decided(request: Request, values: list[int],
-             local_error: BaseException | None) -> Agreement:
+def _decided(request: Request, values: list[int], local_error: BaseException | None,
+             scope: Scope | None = None) -> Agreement:
     """A training rank's reading of the combined headers (raising, on every rank alike, when
     they disagree)."""
     same, _ = _agreed(values)
     joined = values[JOINED] == 1
     if not same or values[ERROR] or (joined and request.kind not in SERVED_WHILE_JOINED):
-        message = _slow_path(request)
+        message = _slow_path(request, scope)
         if local_error is not None:
             raise local_error
         raise CollectiveMismatchError(message or "the ranks disagreed on this collective")
@@ -182,18 +187,24 @@ def _decided(request: Request, values: list[int],
                      early=request.early)
 
 
-def negotiate(request: Request, local_error: BaseException | None = None) -> Agreement:
-    """A training rank's side. Returns once every rank agreed; raises (on every rank
-    alike) when they did not, or when a rank has joined and `request.kind` cannot run
-    then. `local_error`: why this rank cannot run it (raised here, after the others were
-    told)."""
-    if runtime.current().slot.size == 1:
+def negotiate(request: Request, local_error: BaseException | None = None,
+              scope: Scope | None = None) -> Agreement:
+    """A training rank's side. Returns once every rank (of `scope`, a process set's; None:
+    the round's) agreed; raises, on every rank alike, when they did not, or when a rank has
+    joined and `request.kind` cannot run then. `local_error`: why this rank cannot run it
+    (raised here, after the others were told)."""
+    size = runtime.current().slot.size if scope is None else scope.size
+    if size == 1:
         if local_error is not None:
             raise local_error
         return Agreement(request.kind, *_first(request.buckets), request.device,
                          request.buckets, request.op)
     settle_early()
-    values = _exchange(_training_header(request, local_error))
+    if scope is not None and scope.group is not None:  # a process set: no joins, no layouts
+        header = _header(encode(request), rank=scope.rank, joining=False,
+                         error=local_error is not None, unknown=False)
+        return _decided(request, _exchange(header, size, scope.group), local_error, scope)
+    values = _exchange(_training_header(request, local_error), size)
     return _decided(request, values, local_error)
 
 
@@ -202,7 +213,8 @@ class Early:
 
     def __init__(self, request: Request) -> None:
         self.request = request
-        self._combining = _Combining(_repeated_header(request))
+        self.round = runtime.current().round
+        self._combining = _Combining(_repeated_header(request), runtime.current().slot.size)
         self._agreement: Agreement | None = None
 
     def result(self) -> Agreement:
@@ -231,8 +243,8 @@ def settle_early() -> None:
     headers pair up in the same order on every rank."""
     global _early
     early, _early = _early, None
-    if early is not None:
-        early.result()
+    if early is not None and early.round == runtime.current().round:
+        early.result()  # (one of an earlier round is gone with that round's group)
 
 
 def drop_early(early: Early | None) -> None:
@@ -247,7 +259,7 @@ def negotiate_joined(joining: bool) -> Agreement:
     to contribute to it. `joining`: this is the rank's first header since it joined."""
     slot = runtime.current().slot
     values = _exchange(_header((), rank=slot.rank, joining=joining, error=False,
-                               unknown=False))
+                               unknown=False), slot.size)
     if values[TRAINING] == 0:
         return Agreement(None, joined=True, all_joined=True, last_joiner=values[LAST_JOINER])
     same, fields = _agreed(values)
@@ -272,29 +284,30 @@ def _first(buckets: tuple[Bucket, ...]) -> tuple[int, torch.dtype | None]:
 
 
 # --- the slow path: every rank's request, for the message ----------------------------------
-def _slow_path(request: Request | None) -> str | None:
+def _slow_path(request: Request | None, scope: Scope | None = None) -> str | None:
     """Every rank's request (None from joined ranks) gathered, and the message for how they
     differ. Every rank runs this after the same header, so it pairs up."""
     requests: dict[int, Request | None] = {
         rank: r if isinstance(r, Request) else None
-        for rank, r in enumerate(gather_objects(request))}
+        for rank, r in enumerate(gather_objects(request, scope))}
     joined = sum(1 for r in requests.values() if r is None)
     return mismatch(requests, joined)
 
 
-def gather_objects(obj: object) -> list[object]:
-    """Every rank's `obj`, pickled, in rank order (two gathers: the lengths, then the bytes).
-    Only for elasticrun's own objects (requests, layouts)."""
+def gather_objects(obj: object, scope: Scope | None = None) -> list[object]:
+    """Every rank's `obj` (of `scope`), pickled, in rank order (two gathers: the lengths,
+    then the bytes). Only for elasticrun's own objects (requests, layouts)."""
     data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
-    size = runtime.current().slot.size
+    size = runtime.current().slot.size if scope is None else scope.size
+    group = None if scope is None else scope.group
     lengths = [torch.zeros(1, dtype=torch.int64) for _ in range(size)]
     with collective("negotiating a collective"):
-        plane.all_gather(lengths, torch.tensor([data.numel()], dtype=torch.int64))
+        plane.all_gather(lengths, torch.tensor([data.numel()], dtype=torch.int64), group=group)
         longest = max(int(n.item()) for n in lengths)
         padded = torch.zeros(longest, dtype=torch.uint8)
         padded[:data.numel()] = data
         parts = [torch.empty(longest, dtype=torch.uint8) for _ in range(size)]
-        plane.all_gather(parts, padded)
+        plane.all_gather(parts, padded, group=group)
     return [pickle.loads(part[:int(n.item())].numpy().tobytes())  # noqa: S301 - our own
             for part, n in zip(parts, lengths, strict=True)]
 

@@ -13,7 +13,12 @@ from elasticrun.torch.collectives import handles
 from elasticrun.torch.collectives.allgather import allgather
 from elasticrun.torch.collectives.fusion import nbytes
 from elasticrun.torch.collectives.negotiation import negotiate
-from elasticrun.torch.collectives.process_sets import ProcessSet, check, global_process_set
+from elasticrun.torch.collectives.process_sets import (
+    ProcessSet,
+    check,
+    global_process_set,
+    scope,
+)
 from elasticrun.torch.collectives.reduce_ops import (
     TORCH_OPS,
     Average,
@@ -27,7 +32,6 @@ from elasticrun.torch.collectives.wire import to_wire
 from elasticrun.torch.compression import Compression, Compressor
 from elasticrun.torch.world import plane
 from elasticrun.torch.world.boundary import collective
-from elasticrun.torch.world.place import world
 
 
 def _share(rows: int, size: int, rank: int) -> tuple[int, int]:
@@ -41,9 +45,9 @@ def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: Reduc
                         prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> int:
     """Starts reducing `tensor` over all ranks; this rank's result is its share of the
     first dimension. Gloo has no reduce-scatter, so this is an allreduce and a slice."""
-    check(process_set, "reducescatter")
+    within = scope(process_set, "reducescatter")
     op = resolve_op(op, None)
-    rank, size = world()
+    rank, size = within.rank, within.size
     problem: BaseException | None = None
     if op not in (Average, Sum):
         problem = ValueError(f"reducescatter supports Average and Sum, not {op.name}")
@@ -53,13 +57,14 @@ def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: Reduc
     negotiate(Request(Kind.REDUCESCATTER, dtypes=(tensor.dtype,),
                       shapes=(tuple(tensor.shape),), device="GPU" if tensor.is_cuda else "CPU",
                       op=op.value, scales=(prescale_factor, postscale_factor), name=name,
-                      error=str(problem) if problem else ""), problem)
+                      error=str(problem) if problem else ""), problem, within)
     reduced = to_wire(tensor.detach(), reducing=True).clone()
     scale_(reduced, prescale_factor)
     works = []
     if size > 1:
         with collective("reducescatter", nbytes=nbytes(reduced), op=op.value):
-            works.append(plane.all_reduce(reduced, op=TORCH_OPS[op], async_op=True))
+            works.append(plane.all_reduce(reduced, op=TORCH_OPS[op], async_op=True,
+                                          group=within.group))
     offset, count = _share(tensor.shape[0], size, rank)
     after = postscale_factor / size if op is Average else postscale_factor
 
@@ -76,16 +81,18 @@ def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: Reduc
 class _Reducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, name: str | None, op: ReduceOp,
-                prescale: float, postscale: float) -> torch.Tensor:
-        ctx.settings = (op, prescale, postscale)
-        return handles.synchronize(reducescatter_async(tensor, name, op, None, prescale,
-                                                       postscale))
+                prescale: float, postscale: float, process_set: ProcessSet | None
+                ) -> torch.Tensor:
+        ctx.settings = (op, prescale, postscale, process_set)
+        return handles.synchronize(reducescatter_async(tensor, name, op, process_set,
+                                                       prescale, postscale))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        op, prescale, postscale = ctx.settings
-        grad = grad * (world()[1] if op is Sum else 1) * prescale * postscale
-        return allgather(grad), None, None, None, None
+        op, prescale, postscale, process_set = ctx.settings
+        size = scope(process_set, "reducescatter").size
+        grad = grad * (size if op is Sum else 1) * prescale * postscale
+        return allgather(grad, process_set=process_set), None, None, None, None, None
 
 
 def reducescatter(tensor: torch.Tensor, name: str | None = None,
@@ -94,7 +101,8 @@ def reducescatter(tensor: torch.Tensor, name: str | None = None,
                   prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> torch.Tensor:
     check(process_set, "reducescatter")
     compressed, context = compression.compress(tensor)
-    reduced = _Reducescatter.apply(compressed, name, op, prescale_factor, postscale_factor)
+    reduced = _Reducescatter.apply(compressed, name, op, prescale_factor, postscale_factor,
+                                   process_set)
     return compression.decompress(reduced, context)
 
 

@@ -53,7 +53,8 @@ class _DistributedMixin:
                   compression: type[Compressor], backward_passes_per_step: int, op: ReduceOp,
                   gradient_predivide_factor: float,
                   groups: int | Sequence[Sequence[torch.Tensor]] | None,
-                  sparse_as_dense: bool, overlap: bool) -> None:
+                  sparse_as_dense: bool, overlap: bool,
+                  process_set: ProcessSet | None = None) -> None:
         params = [p for group in self.param_groups for p in group["params"]]
         self._er_names = _names(params, named_parameters)
         if backward_passes_per_step < 1:
@@ -65,7 +66,8 @@ class _DistributedMixin:
         trainable = [p for p in params if p.requires_grad]
         self._er_reduction = GradientReduction(trainable, groups, compression, op,
                                                gradient_predivide_factor,
-                                               backward_passes_per_step, sparse_as_dense)
+                                               backward_passes_per_step, sparse_as_dense,
+                                               process_set)
         self._er_synchronized = False
         self._er_should_sync = True
         self._er_hooks: list[Any] = []
@@ -192,5 +194,5 @@ def DistributedOptimizer(  # noqa: N802 - a factory named like the class it make
     wrapped: Any = object.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)
     wrapped._er_setup(named_parameters, compression, backward_passes_per_step, op,
-                      gradient_predivide_factor, groups, sparse_as_dense, overlap)
+                      gradient_predivide_factor, groups, sparse_as_dense, overlap, process_set)
     return wrapped  # type: ignore[no-any-return]

@@ -32,13 +32,14 @@ from elasticrun.torch.collectives.negotiation import (
     drop_early,
     negotiate,
 )
+from elasticrun.torch.collectives.process_sets import ProcessSet, scope
 from elasticrun.torch.collectives.reduce_ops import Average, ReduceOp, Sum
 from elasticrun.torch.collectives.requests import Kind, Request
 from elasticrun.torch.compression import Compression, Compressor
 from elasticrun.torch.optimizer.buckets import GradientBucket, layout
 from elasticrun.torch.world import plane, runtime
 from elasticrun.torch.world.boundary import collective
-from elasticrun.torch.world.place import size
+from elasticrun.torch.world.place import Scope
 from elasticrun.worker import timeline
 
 
@@ -46,7 +47,9 @@ class GradientReduction:
     def __init__(self, params: list[torch.Tensor],
                  groups: int | Sequence[Sequence[torch.Tensor]] | None,
                  compression: type[Compressor], op: ReduceOp, predivide: float, passes: int,
-                 sparse_as_dense: bool) -> None:
+                 sparse_as_dense: bool, process_set: ProcessSet | None = None) -> None:
+        self.process_set = process_set
+        self.within = Scope(None, 0, 1)  # set with the round's request
         self.compression = compression
         self.op = op
         self.predivide = predivide
@@ -103,8 +106,10 @@ class GradientReduction:
 
     def _voting(self) -> bool:
         """A summed vote survives the scaling of Average and Sum; other ops (and a
-        predivided average) leave the agreement to its own collective."""
-        return size() > 1 and self.op in (Average, Sum) and self.predivide == 1.0
+        predivided average, or a process set's reduction) leave the agreement to its own
+        collective."""
+        return self.world > 1 and self.op in (Average, Sum) and self.predivide == 1.0 \
+            and self.within.group is None
 
     def _scales(self) -> tuple[float, float]:
         """The factors gradients are scaled by as they enter a bucket, and reduced buckets
@@ -114,13 +119,14 @@ class GradientReduction:
         if self.op is not Average:
             return 1.0 / self.predivide, 1.0
         if self.predivide == 1.0:
-            return 1.0 / size(), 1.0
-        return 1.0 / self.predivide, self.predivide / size()
+            return 1.0 / self.world, 1.0
+        return 1.0 / self.predivide, self.predivide / self.world
 
     def request(self) -> Request:
         """The step's negotiated request (the same every step of a round)."""
         if self._request is None:
-            self.world = size()
+            self.within = scope(self.process_set, "DistributedOptimizer")
+            self.world = self.within.size
             self.before, self.after = self._scales()
             vote = self._voting()
             for index, bucket in enumerate(self.buckets):
@@ -149,7 +155,8 @@ class GradientReduction:
             index, position = self.where[key]
             if self.typed:
                 self.request()  # the buckets exist
-                if self.early is None and self.next == 0 and self.world > 1:
+                if self.early is None and self.next == 0 and self.world > 1 \
+                        and self.within.group is None:
                     # the step's first gradient: its round trip overlaps the rest of backward
                     self.early = announce_early(self._early_request)
                 self._gather(index, position)
@@ -184,11 +191,11 @@ class GradientReduction:
         if bucket.vote:
             bucket.vote_slot().fill_(1.0 if host_vote.voted() else 0.0)
         self.launched[index] = time.time() if timeline.enabled() else 0.0
-        if size() > 1:
+        if self.world > 1:
             with collective("allreduce", nbytes=flat.numel() * flat.element_size(),
                             op=self.op.value):
                 self.works[index] = [plane.all_reduce(flat, op=dist.ReduceOp.SUM,
-                                                      async_op=True)]
+                                                      async_op=True, group=self.within.group)]
 
     def _negotiate(self) -> None:
         """The step's negotiation, before its first data: the early announcement's result
@@ -196,7 +203,7 @@ class GradientReduction:
         now."""
         early, self.early = self.early, None
         if early is None or early.result().joined:
-            negotiate(self.request())
+            negotiate(self.request(), scope=self.within)
 
     def _start_compressed(self, index: int) -> None:
         bucket = self.buckets[index]
@@ -213,7 +220,8 @@ class GradientReduction:
         compressed = [self.compression.compress(g) for g in grads]
         tensors = [c for c, _ in compressed]
         self.pending[index] = start_grouped(tensors, self.op, None, 1.0 / self.predivide,
-                                            self.predivide)
+                                            self.predivide, scope(self.process_set,
+                                                                  "DistributedOptimizer"))
         self.compressed[index] = (grads, [ctx for _, ctx in compressed])
 
     # --- step() ----------------------------------------------------------------------------
@@ -241,7 +249,8 @@ class GradientReduction:
             for position in sorted(self.sparse[index]):
                 p = bucket.params[position]
                 assert p.grad is not None
-                p.grad = handles.synchronize(sparse_allreduce_async(p.grad, op=self.op))
+                p.grad = handles.synchronize(sparse_allreduce_async(
+                    p.grad, op=self.op, process_set=self.process_set))
         self.forget()
 
     def _finish_compressed(self, index: int) -> None:

@@ -88,22 +88,26 @@ class _Staged:
         return True
 
 
-def _route(tensors: Sequence[torch.Tensor]) -> tuple[dist.ProcessGroup | None, bool]:
-    """(the group to use, whether to stage through host memory)."""
+def _route(tensors: Sequence[torch.Tensor], gloo: dist.ProcessGroup | None
+           ) -> tuple[dist.ProcessGroup | None, bool, bool]:
+    """(the group to use, whether to stage through host memory, whether it is Gloo's).
+    `gloo`: a process set's Gloo group (None: the round's)."""
     if not any(t.is_cuda for t in tensors):
-        return None, False
-    group = device_group()
-    return group, group is None
+        return gloo, False, True
+    device = None if gloo is not None else device_group()
+    if device is None:  # a Gloo group: through host memory
+        return gloo, True, True
+    return device, False, False
 
 
 def _host(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().to("cpu")
 
 
-def _done(work: Work, group: dist.ProcessGroup | None, async_op: bool) -> Work:
+def _done(work: Work, on_gloo: bool, async_op: bool) -> Work:
     """The work of a collective launched asynchronously: returned, or waited for. Works of
-    the Gloo group (`group` None) wait abortably; NCCL's are aborted with the group."""
-    if group is None:
+    Gloo groups wait abortably; NCCL's are aborted with the group."""
+    if on_gloo:
         work = _Abortable(work)
     if async_op:
         return work
@@ -127,62 +131,65 @@ def _copy_into(targets: Sequence[torch.Tensor], sources: Sequence[torch.Tensor]
     return copy_back
 
 
-def all_reduce(tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM,
-               async_op: bool = False) -> Work:
-    group, stage = _route([tensor])
+def all_reduce(tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM, async_op: bool = False,
+               group: dist.ProcessGroup | None = None) -> Work:
+    chosen, stage, gloo = _route([tensor], group)
     if not stage:
-        return _done(dist.all_reduce(tensor, op=op, group=group, async_op=True), group,
+        return _done(dist.all_reduce(tensor, op=op, group=chosen, async_op=True), gloo,
                      async_op)
     host = _host(tensor)
-    work = dist.all_reduce(host, op=op, async_op=True)
+    work = dist.all_reduce(host, op=op, group=chosen, async_op=True)
     return _staged(work, _copy_into([tensor], [host]), async_op)
 
 
-def broadcast(tensor: torch.Tensor, src: int, async_op: bool = False) -> Work:
-    group, stage = _route([tensor])
+def broadcast(tensor: torch.Tensor, src: int, async_op: bool = False,
+              group: dist.ProcessGroup | None = None) -> Work:
+    """`src`: the root's global rank (as torch's, and Horovod's with process sets)."""
+    chosen, stage, gloo = _route([tensor], group)
     if not stage:
-        return _done(dist.broadcast(tensor, src=src, group=group, async_op=True), group,
+        return _done(dist.broadcast(tensor, src=src, group=chosen, async_op=True), gloo,
                      async_op)
     host = _host(tensor)
-    work = dist.broadcast(host, src=src, async_op=True)
+    work = dist.broadcast(host, src=src, group=chosen, async_op=True)
     return _staged(work, _copy_into([tensor], [host]), async_op)
 
 
-def all_gather(outputs: list[torch.Tensor], tensor: torch.Tensor,
-               async_op: bool = False) -> Work:
-    group, stage = _route([tensor, *outputs])
+def all_gather(outputs: list[torch.Tensor], tensor: torch.Tensor, async_op: bool = False,
+               group: dist.ProcessGroup | None = None) -> Work:
+    chosen, stage, gloo = _route([tensor, *outputs], group)
     if not stage:
-        return _done(dist.all_gather(outputs, tensor, group=group, async_op=True), group,
+        return _done(dist.all_gather(outputs, tensor, group=chosen, async_op=True), gloo,
                      async_op)
     hosts = [torch.empty(t.shape, dtype=t.dtype) for t in outputs]
-    work = dist.all_gather(hosts, _host(tensor), async_op=True)
+    work = dist.all_gather(hosts, _host(tensor), group=chosen, async_op=True)
     return _staged(work, _copy_into(outputs, hosts), async_op)
 
 
 def all_to_all_single(output: torch.Tensor, source: torch.Tensor,
                       output_split_sizes: list[int] | None = None,
                       input_split_sizes: list[int] | None = None,
-                      async_op: bool = False) -> Work:
-    group, stage = _route([output, source])
+                      async_op: bool = False, group: dist.ProcessGroup | None = None) -> Work:
+    chosen, stage, gloo = _route([output, source], group)
     if not stage:
         return _done(dist.all_to_all_single(output, source,
                                             output_split_sizes=output_split_sizes,
-                                            input_split_sizes=input_split_sizes, group=group,
-                                            async_op=True), group, async_op)
+                                            input_split_sizes=input_split_sizes, group=chosen,
+                                            async_op=True), gloo, async_op)
     host = torch.empty(output.shape, dtype=output.dtype)
     work = dist.all_to_all_single(host, _host(source), output_split_sizes=output_split_sizes,
-                                  input_split_sizes=input_split_sizes, async_op=True)
+                                  input_split_sizes=input_split_sizes, group=chosen,
+                                  async_op=True)
     return _staged(work, _copy_into([output], [host]), async_op)
 
 
 def send(tensor: torch.Tensor, dst: int) -> None:
     # (Gloo's point-to-point works offer no future to wait on abortably.)
-    group, stage = _route([tensor])
+    group, stage, _ = _route([tensor], None)
     dist.send(_host(tensor) if stage else tensor, dst=dst, group=group)
 
 
 def recv(tensor: torch.Tensor, src: int) -> None:
-    group, stage = _route([tensor])
+    group, stage, _ = _route([tensor], None)
     if not stage:
         dist.recv(tensor, src=src, group=group)
         return

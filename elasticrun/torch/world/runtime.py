@@ -63,6 +63,7 @@ class Runtime:
         self.round_timeout = round_timeout
         self.driver_peer = driver_peer
         self.session: RoundSession | None = None
+        self.left_round = 0  # the round this worker left at shutdown() (init() joins the next)
         self.notices: NoticeWatcher | None = None
         self.last_join = JoinTiming()
         self.plane = DataPlane()
@@ -112,10 +113,7 @@ class Runtime:
             log.warning("%s is set: a failed peer may take this process down instead of "
                         "letting it recover in-process", setting)
         if not self.launched:
-            self.session = RoundSession(0, SlotInfo("localhost", 0, 1, 0, 1, 0, 1),
-                                        dist.HashStore(),
-                                        collective_timeout=self.collective_timeout)
-            self.session.build(_connect)
+            self._build_alone(0)
             timeline.attach(None, "", self._lane)
             return
         assert self.client is not None
@@ -129,6 +127,28 @@ class Runtime:
         self._join(last_round=0, failure="", committed=False)
         self.notices.start()
 
+    def _build_alone(self, number: int) -> None:
+        """A world of one (no driver): its round `number`, on a store of its own."""
+        self.session = RoundSession(number, SlotInfo("localhost", 0, 1, 0, 1, 0, 1),
+                                    dist.HashStore(), collective_timeout=self.collective_timeout)
+        self.session.build(_connect)
+
+    def leave(self) -> None:
+        """Horovod's shutdown(): leaves the round (its group torn down), staying in the job;
+        `rejoin()` joins the round after it (init() after shutdown())."""
+        if self.session is not None:
+            self.left_round = self.session.number
+            self.session.leave(last=True)
+            self.session = None
+
+    def rejoin(self) -> None:
+        """Joins the round after the one this worker left: every worker that re-initialises
+        asks for it, and the driver opens it with them, on fresh store keys and a new group."""
+        if not self.launched:
+            self._build_alone(self.left_round + 1)
+            return
+        self._join(self.left_round, failure="", committed=False)
+
     def reset(self, failure: str = "", committed: bool = False) -> None:
         """Leaves the current round and joins the next one. `failure` (why this worker left:
         "" for a host change) and `committed` (whether it completed a commit in the round)
@@ -141,9 +161,9 @@ class Runtime:
                 self.session.leave()
         self._join(last_round, failure, committed)
 
-    def shutdown(self) -> None:
-        if self.session is not None:
-            self.session.leave(last=True)
+    def close(self) -> None:
+        """Leaves the job for good (at interpreter exit)."""
+        self.leave()
         timeline.detach()  # the last events, before the client closes (bounded)
         if self.client is not None:
             self.client.close()
@@ -233,16 +253,23 @@ class Runtime:
 
 
 _runtime: Runtime | None = None
+_parked: Runtime | None = None  # shut down, in the job still: init() joins it to a new round
 
 
 def init() -> None:
-    """Joins the job (idempotent). Blocks until this worker's round is complete."""
-    global _runtime
+    """Joins the job (idempotent). Blocks until this worker's round is complete. After
+    shutdown(), joins the round after the one it left (Horovod's init -> shutdown -> init)."""
+    global _runtime, _parked
     if _runtime is not None:
+        return
+    if _parked is not None:
+        runtime, _parked = _parked, None
+        runtime.rejoin()
+        _runtime = runtime
         return
     # Tear the group down before interpreter exit: torch 2.13's Gloo threads can abort
     # the process when the group is only destroyed during interpreter finalisation.
-    atexit.register(shutdown)
+    atexit.register(_close)
     runtime = Runtime.from_env() if protocol.ENV_RENDEZVOUS_ADDR in os.environ else Runtime()
     try:
         runtime.start()
@@ -258,11 +285,22 @@ def reset(failure: str = "", committed: bool = False) -> None:
 
 
 def shutdown() -> None:
-    global _runtime
+    """Leaves the round (Horovod's shutdown): is_initialized() is False until init()."""
+    global _runtime, _parked
     if _runtime is None:
         return
     runtime, _runtime = _runtime, None
-    runtime.shutdown()
+    runtime.leave()
+    _parked = runtime
+
+
+def _close() -> None:
+    """At interpreter exit: leaves the job for good."""
+    global _parked
+    shutdown()
+    runtime, _parked = _parked, None
+    if runtime is not None:
+        runtime.close()
 
 
 def current() -> Runtime:
