@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import subprocess
 
+import pytest
+
 from tests.integration.harness import PYTHON, SCRIPTS, job_env, run_job
 
 
@@ -19,8 +21,10 @@ def test_a_horovod_style_unittest_module_passes_on_every_rank() -> None:
         assert f"[{rank}]<stderr>:OK" in result.stderr
 
 
-def test_init_shutdown_init_cycles_under_the_launcher() -> None:
-    result = run_job(["-np", "2", PYTHON, str(SCRIPTS / "reinit.py")], timeout=120)
+@pytest.mark.parametrize("sizes", [["-np", "2"], ["-np", "2", "--min-np", "1"]],
+                         ids=["fixed", "elastic"])
+def test_init_shutdown_init_cycles_under_the_launcher(sizes: list[str]) -> None:
+    result = run_job([*sizes, PYTHON, str(SCRIPTS / "reinit.py")], timeout=120)
     assert result.returncode == 0, result.stderr[-4000:]
     rounds = [line for line in result.stdout.splitlines() if "cycle" in line]
     assert len(rounds) == 12, result.stdout  # 6 cycles on each of 2 ranks

@@ -106,10 +106,14 @@ def test_flag_trace_shows_every_lane_and_a_recovery_in_order(tmp_path: Path) -> 
 
 
 def test_start_timeline_from_the_script(tmp_path: Path) -> None:
+    """With Horovod's HOROVOD_TIMELINE=DYNAMIC: nothing is recorded until the script calls
+    start_timeline (and no file named DYNAMIC appears)."""
     trace = tmp_path / "from_script.json"
     result = run_job(["-np", "2", *COMMON, *SCRIPT],
-                     {"TIMELINE_PATH": str(trace), "OUT_DIR": str(tmp_path)})
+                     {"TIMELINE_PATH": str(trace), "OUT_DIR": str(tmp_path),
+                      "HOROVOD_TIMELINE": "DYNAMIC"}, cwd=tmp_path)
     assert_ok(result)
+    assert not (tmp_path / "DYNAMIC").exists()
     for rank in (0, 1):
         seen = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert seen["on_at_init"] is False and seen["on_after_stop"] is False

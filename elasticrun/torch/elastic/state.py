@@ -14,7 +14,9 @@ import torch
 
 from elasticrun.torch import functions
 from elasticrun.torch.elastic.snapshot import Placement, snapshot, snapshot_tensors
-from elasticrun.worker.elastic import Backend, State
+from elasticrun.worker.elastic import Backend, ObjectState, State
+
+__all__ = ["ObjectState", "TorchState"]  # Horovod's horovod.torch.elastic.state
 
 _RESERVED = {"model", "optimizer"}
 
