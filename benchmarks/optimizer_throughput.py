@@ -1,14 +1,16 @@
 """DistributedOptimizer: training throughput with and without gradient hooks, against DDP,
 and what fp16 compression saves.
 
-2 workers on this machine, two models with many layers: a 6-layer transformer encoder
-(d_model 256, synthetic token batches) and a 12-layer conv net with BatchNorm (synthetic
-32x32 images). Per trial, one elasticrun job (scripts/optimizer_worker.py) trains each model
-with DistributedOptimizer in three variants, each on its own copy of the model, taking
-turns of a few steps (so that load from outside this benchmark hits all three alike):
-"hooks" (overlap=True: each bucket's allreduce starts from the gradient hooks while backward
-runs), "no hooks" (overlap=False: every allreduce starts at step()) and "fp16" (hooks, and
-Compression.fp16); then one torchrun job trains them with plain DDP (Gloo). Throughput is
+2 workers on this machine, three models: a 6-layer transformer encoder (d_model 256,
+synthetic token batches), a 12-layer conv net with BatchNorm (synthetic 32x32 images) and
+overhead's 1M-parameter MLP. Per trial, one elasticrun job (scripts/optimizer_worker.py)
+trains each model in four variants, each on its own copy of the model, taking turns of a
+few steps (so that load from outside this benchmark hits all alike): "hooks" (overlap=True:
+each bucket's allreduce starts from the gradient hooks while backward runs), "no hooks"
+(overlap=False: every allreduce starts at step()) and "fp16" (hooks, and
+Compression.fp16), each committing a TorchState every 10 steps as an elastic script does,
+and "DDP here" (plain DDP on the same job's Gloo group, no commits); then one torchrun job
+trains them with plain DDP (Gloo). Throughput is
 samples per second of both workers, from the median step after a warm-up (a median, since
 this 2-core machine's hiccups move a mean a lot); the tables show the median over trials.
 Bytes on the wire are the gradient bytes the allreduces of one step carry (counted from each
@@ -40,16 +42,18 @@ from benchlib import (
 )
 
 WORKER = SCRIPTS / "optimizer_worker.py"
-ER_VARIANTS = ("hooks", "nohooks", "fp16")
+ER_VARIANTS = ("hooks", "nohooks", "fp16", "ddp_here")
 VARIANTS = ("ddp", *ER_VARIANTS)
-LABELS = {"ddp": "DDP", "hooks": "hooks", "nohooks": "no hooks", "fp16": "hooks+fp16"}
+LABELS = {"ddp": "DDP", "hooks": "hooks", "nohooks": "no hooks", "fp16": "hooks+fp16",
+          "ddp_here": "DDP here"}
 MODELS = {
     "transformer": {"layers": 6, "d_model": 256, "heads": 4, "batch": 8, "seq": 32},
     "convnet": {"widths": [32] * 3 + [64] * 3 + [128] * 3 + [256] * 3, "batch": 16,
                 "image": 32},
+    "mlp": {"params": 1e6, "in_features": 64, "batch": 32},
 }
-FULL = {"warmup": 3, "steps": 30, "round_steps": 5, **MODELS}
-QUICK = {"warmup": 2, "steps": 6, "round_steps": 2, **MODELS}
+FULL = {"warmup": 3, "steps": 40, "round_steps": 5, "commit_every": 10, **MODELS}
+QUICK = {"warmup": 2, "steps": 6, "round_steps": 2, "commit_every": 10, **MODELS}
 Spec = dict[str, Any]
 
 
@@ -111,23 +115,33 @@ def run_trials(spec: Spec, trials: int) -> dict[str, dict[str, list[dict[str, fl
 
 
 def medians(runs: dict[str, dict[str, list[dict[str, float]]]]) -> dict[str, Any]:
-    return {model: {variant: {key: median(t[key] for t in trials) for key in trials[0]}
-                    for variant, trials in by_variant.items()}
-            for model, by_variant in runs.items()}
+    """Per model and variant the median over trials; and hooks against DDP in the same job,
+    trial by trial (they took turns, so the machine's drift hits both)."""
+    med: dict[str, Any] = {
+        model: {variant: {key: median(t[key] for t in trials) for key in trials[0]}
+                for variant, trials in by_variant.items()}
+        for model, by_variant in runs.items()}
+    for model, by_variant in runs.items():
+        med[model]["hooks_vs_ddp_here"] = median(
+            hooks["samples_per_s"] / here["samples_per_s"]
+            for hooks, here in zip(by_variant["hooks"], by_variant["ddp_here"], strict=True))
+    return med
 
 
 def print_tables(med: dict[str, Any], trials: int) -> None:
     rows = []
     for model, m in med.items():
         rate = {v: m[v]["samples_per_s"] for v in VARIANTS}
-        rows.append([model, f"{m['hooks']['params'] / 1e6:.2f}M", rate["ddp"], rate["nohooks"],
-                     rate["hooks"], f"{rate['hooks'] / rate['nohooks']:.2f}x",
+        rows.append([model, f"{m['hooks']['params'] / 1e6:.2f}M", rate["ddp"],
+                     rate["ddp_here"], rate["nohooks"], rate["hooks"],
                      f"{rate['hooks'] / rate['ddp']:.2f}x",
-                     f"{rate['nohooks'] / rate['ddp']:.2f}x"])
+                     f"{m['hooks_vs_ddp_here']:.2f}x", f"{rate['nohooks'] / rate['ddp']:.2f}x"])
     print_table(f"optimizer: 2 workers, samples/s, median of {trials} (hooks = "
-                "DistributedOptimizer(overlap=True), no hooks = overlap=False)",
-                ["model", "params", "DDP", "no hooks", "hooks", "hooks/no hooks",
-                 "hooks/DDP", "no hooks/DDP"], rows)
+                "DistributedOptimizer(overlap=True), no hooks = overlap=False, both "
+                "committing every 10 steps; DDP under torchrun, and DDP here: in the same job, "
+                "taking turns with hooks)",
+                ["model", "params", "DDP", "DDP here", "no hooks", "hooks", "hooks/DDP",
+                 "hooks/DDP here", "no hooks/DDP"], rows)
     first = next(iter(med.values()))
     print(f"  (other processes took {first['hooks']['other_load']:.0%} of this machine's CPU "
           f"during the elasticrun jobs, {first['ddp']['other_load']:.0%} during the torchrun "

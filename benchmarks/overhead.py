@@ -67,7 +67,7 @@ def run_config(config: str, params: float, steps: int,
 
 
 def bench(trials: int, quick: bool) -> dict[str, Any]:
-    sizes = {1e5: 21} if quick else {1e6: 101, 1e7: 51, 5e7: 31}
+    sizes = {1e5: 21} if quick else {1e6: 501, 1e7: 101, 5e7: 41}
     chosen = os.environ.get("BENCH_OVERHEAD_SIZES")
     if chosen:
         sizes = {size: steps for size, steps in sizes.items()

@@ -5,7 +5,10 @@ Env: BENCH_OUT (JSON-lines file of events), BENCH_SPEC (JSON: per model its size
 `build_model`; "warmup" and "steps" per variant, and "round_steps": the variants take
 turns, that many steps each), BENCH_VARIANTS (comma-separated: "hooks"
 DistributedOptimizer(overlap=True), "nohooks" (overlap=False), "fp16" (Compression.fp16,
-overlap=True); or "ddp" alone).
+overlap=True), "ddp_here" (plain DDP on the elasticrun round's Gloo group, in the same job:
+a reference that shares every condition with the others); or "ddp" alone, under torchrun).
+elasticrun's variants commit a TorchState every BENCH_SPEC["commit_every"] of their steps,
+inside the timed step, as an elastic training script does.
 Events (rank 0): "measured" per model and variant, with the measured steps' durations (and
 their forward+backward and step() parts) and, for elasticrun, the allreduces of one more
 step (dtype and element count of each); "done".
@@ -33,7 +36,7 @@ import elasticrun.torch as er
 OUT = os.environ.get("BENCH_OUT", "/dev/null")
 SPEC: dict[str, Any] = json.loads(os.environ.get("BENCH_SPEC", "{}"))
 VARIANTS = os.environ.get("BENCH_VARIANTS", "hooks,nohooks,fp16").split(",")
-MODELS = ("transformer", "convnet")
+MODELS = ("transformer", "convnet", "mlp")
 VOCAB = 1000
 CLASSES = 10
 
@@ -72,15 +75,27 @@ def conv_net(widths: list[int]) -> nn.Module:
                          nn.Linear(previous, CLASSES))
 
 
+def mlp(params: float, in_features: int) -> nn.Module:
+    """overhead's model: one width x width layer holds nearly all the parameters."""
+    width = max(8, int(params ** 0.5))
+    return nn.Sequential(nn.Linear(in_features, width), nn.ReLU(), nn.Linear(width, width),
+                         nn.ReLU(), nn.Linear(width, CLASSES))
+
+
 def build_model(name: str, spec: dict[str, Any]) -> nn.Module:
     torch.manual_seed(0)
     if name == "transformer":
         return TokenClassifier(spec["layers"], spec["d_model"], spec["heads"])
+    if name == "mlp":
+        return mlp(spec["params"], spec["in_features"])
     return conv_net(spec["widths"])
 
 
 def make_batch(name: str, spec: dict[str, Any], rank: int) -> Batch:
     generator = torch.Generator().manual_seed(rank)
+    if name == "mlp":
+        return (torch.randn(spec["batch"], spec["in_features"], generator=generator),
+                torch.randint(0, CLASSES, (spec["batch"],), generator=generator))
     if name == "transformer":
         shape = (spec["batch"], spec["seq"])
         return (torch.randint(0, VOCAB, shape, generator=generator),
@@ -105,16 +120,22 @@ class Trainer:
     optimizer: torch.optim.Optimizer
     batch: Batch
     params: int
+    state: er.elastic.TorchState | None = None  # committed every SPEC["commit_every"] steps
     backward_s: list[float] = field(default_factory=list)
     step_s: list[float] = field(default_factory=list)
+    done: int = 0
 
     def train(self, steps: int, record: bool = True) -> None:
+        every = SPEC.get("commit_every", 0)
         for _ in range(steps):
             started = time.perf_counter()
             self.optimizer.zero_grad()
             F.cross_entropy(self.model(self.batch[0]), self.batch[1]).backward()
             backward_done = time.perf_counter()
             self.optimizer.step()
+            self.done += 1
+            if self.state is not None and every and self.done % every == 0:
+                self.state.commit()  # (its time counts in step())
             if record:
                 self.backward_s.append(backward_done - started)
                 self.step_s.append(time.perf_counter() - backward_done)
@@ -125,10 +146,13 @@ def make_trainer(name: str, variant: str, rank: int) -> Trainer:
     model = build_model(name, spec)
     params = sum(p.numel() for p in model.parameters())
     batch = make_batch(name, spec, rank)
-    if variant == "ddp":
-        return Trainer(variant, DistributedDataParallel(model),
+    if variant in ("ddp", "ddp_here"):
+        group = er.process_group_for("cpu") if variant == "ddp_here" else None
+        return Trainer(variant, DistributedDataParallel(model, process_group=group),
                        torch.optim.SGD(model.parameters(), lr=0.01), batch, params)
-    return Trainer(variant, model, elasticrun_optimizer(variant, model), batch, params)
+    optimizer = elasticrun_optimizer(variant, model)
+    return Trainer(variant, model, optimizer, batch, params,
+                   er.elastic.TorchState(model, optimizer))
 
 
 @contextmanager
@@ -157,7 +181,8 @@ def measure(name: str, rank: int, barrier: Callable[[], None]) -> list[dict[str,
     allreduces: dict[str, list[dict[str, Any]]] = {}
     for trainer in trainers:
         trainer.train(SPEC["warmup"], record=False)
-        if trainer.variant != "ddp":  # an extra, untimed step: the wrapper costs nothing timed
+        # an extra, untimed step: the counting wrapper costs nothing timed
+        if not trainer.variant.startswith("ddp"):
             with counted_allreduces() as allreduces[trainer.variant]:
                 trainer.train(1, record=False)
     barrier()

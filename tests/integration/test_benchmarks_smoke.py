@@ -64,13 +64,15 @@ def test_optimizer(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixtur
     import run
 
     assert run.BENCHMARKS["optimizer"] == "optimizer_throughput"
-    tiny = {"warmup": 1, "steps": 2,
+    tiny = {"warmup": 1, "steps": 2, "commit_every": 1,
             "transformer": {"layers": 2, "d_model": 32, "heads": 2, "batch": 2, "seq": 8},
-            "convnet": {"widths": [8, 16], "batch": 2, "image": 8}}
+            "convnet": {"widths": [8, 16], "batch": 2, "image": 8},
+            "mlp": {"params": 1e3, "in_features": 8, "batch": 2}}
     result = optimizer_throughput.run(tiny, trials=1)
     assert "optimizer:" in capsys.readouterr().out
-    for model in ("transformer", "convnet"):
+    for model in ("transformer", "convnet", "mlp"):
         numbers = result["median"][model]
+        assert numbers["hooks_vs_ddp_here"] > 0
         assert all(numbers[v]["samples_per_s"] > 0 for v in optimizer_throughput.VARIANTS)
         # every gradient once per step, float32 or float16, and the host-change vote
         # riding along (one element of the same type)

@@ -85,12 +85,16 @@ def _elastic() -> bool:
     return os.environ.get(protocol.ENV_ELASTIC, "0") == "1"
 
 
+def _is_global(process_set: ProcessSet | None) -> bool:
+    return process_set is None or process_set is global_process_set or (
+        isinstance(process_set, ProcessSet) and process_set.process_set_id == 0)
+
+
 def scope(process_set: ProcessSet | None, what: str) -> Scope:
     """The scope of a collective with `process_set=` (None: the global set); raises when the
     set cannot be used here."""
     slot = runtime.current().slot
-    if process_set is None or process_set is global_process_set or (
-            isinstance(process_set, ProcessSet) and process_set.process_set_id == 0):
+    if _is_global(process_set):
         return Scope(None, slot.rank, slot.size)
     if not isinstance(process_set, ProcessSet):
         raise ValueError(f"{what}: process_set={process_set!r} is not a ProcessSet")
@@ -110,8 +114,10 @@ def scope(process_set: ProcessSet | None, what: str) -> Scope:
 
 
 def check(process_set: ProcessSet | None, what: str) -> None:
-    """Raises when `process_set` cannot be used by a collective here."""
-    scope(process_set, what)
+    """Raises when `process_set` cannot be used by a collective here (the global set can
+    always be, before init() too: a DistributedOptimizer may be built before it)."""
+    if not _is_global(process_set):
+        scope(process_set, what)
 
 
 def _build(process_set: ProcessSet) -> None:
