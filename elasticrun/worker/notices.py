@@ -12,10 +12,14 @@ has not answered for the driver timeout, it is gone: the watcher calls `on_drive
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import NoReturn
 
 from elasticrun import protocol
 from elasticrun.worker.client import DriverClient, DriverUnreachableError, RequestRefusedError
@@ -85,3 +89,37 @@ class NoticeWatcher:
             if broken >= watched:
                 self._handled_broken = broken
                 self._on_round_broken(broken)
+
+
+def ask_round_broken(client: DriverClient, number: int, within: float, after: int = 0
+                     ) -> bool:
+    """Whether the driver says round `number` broke, waiting at most `within` seconds for it
+    to say so (its notices long-poll answers at once then). `after`: the latest host-change
+    notice known (a newer one does not end the wait)."""
+    deadline = time.monotonic() + within
+    while True:
+        wait = max(0.0, deadline - time.monotonic())
+        try:
+            reply = client.call(protocol.PATH_NOTICES,
+                                {"after": after, "round": number, "timeout": wait}, wait=wait)
+        except RequestRefusedError as exc:
+            log.debug("asking whether round %d broke failed: %s", number, exc)
+            return False
+        if int(reply.get("broken_round", 0)) >= number:
+            return True
+        after = max(after, int(reply.get("seq", after)))  # a host-change notice
+        if time.monotonic() >= deadline:
+            return False
+
+
+def stop_for_good(rank: int, reason: str) -> NoReturn:
+    """The driver is gone: nobody will ever tell this worker what to do again. It stops,
+    with everything it started, instead of waiting forever."""
+    try:
+        sys.stderr.write(f"elasticrun: rank {rank}: {reason}; the driver is gone, so this "
+                         f"worker stops\n")
+        sys.stderr.flush()
+    finally:
+        if os.getpgrp() == os.getsid(0):  # our own session, as elasticrun started us
+            os.killpg(os.getpgrp(), signal.SIGKILL)
+        os._exit(1)

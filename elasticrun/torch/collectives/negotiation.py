@@ -27,12 +27,12 @@ sees a layout, the lowest training rank broadcasts it.
 from __future__ import annotations
 
 import functools
-import pickle
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from elasticrun.torch.collectives import gathered
 from elasticrun.torch.collectives.requests import (
     DTYPES,
     OPS,
@@ -41,7 +41,6 @@ from elasticrun.torch.collectives.requests import (
     CollectiveMismatchError,
     Kind,
     Request,
-    mismatch,
     stable_hash,
 )
 from elasticrun.torch.world import plane, runtime
@@ -147,7 +146,7 @@ def _training_header(request: Request, local_error: BaseException | None,
                      rank: int | None = None) -> torch.Tensor:
     """The header of `request` (a new tensor: an allreduce changes it in place). `rank`: in
     a process set, this rank's place in it."""
-    unknown = len(request.buckets) > 1 and request.layout_key() not in _registry()
+    unknown = len(request.buckets) > 1 and request.layout_key() not in gathered.registry()
     return _header(encode(request), rank=runtime.current().slot.rank if rank is None else rank,
                    joining=False, error=local_error is not None, unknown=unknown)
 
@@ -162,7 +161,7 @@ def _repeated_header(request: Request) -> torch.Tensor:
     key = (request, live.round, live.slot.rank)
     header = _headers.get(key)
     if header is None or len(request.buckets) > 1 and \
-            request.layout_key() not in _registry():  # until the layout is shared
+            request.layout_key() not in gathered.registry():  # until the layout is shared
         if len(_headers) > 64:
             _headers.clear()
         header = _headers[key] = _training_header(request, None)
@@ -176,12 +175,12 @@ def _decided(request: Request, values: list[int], local_error: BaseException | N
     same, _ = _agreed(values)
     joined = values[JOINED] == 1
     if not same or values[ERROR] or (joined and request.kind not in SERVED_WHILE_JOINED):
-        message = _slow_path(request, scope)
+        message = gathered.slow_path(request, scope)
         if local_error is not None:
             raise local_error
         raise CollectiveMismatchError(message or "the ranks disagreed on this collective")
     if values[UNKNOWN]:
-        _share_layout(request.buckets, -values[LOWEST_TRAINING])
+        gathered.share_layout(request.buckets, -values[LOWEST_TRAINING])
     return Agreement(request.kind, *_first(request.buckets), request.device, request.buckets,
                      request.op, joined=joined, last_joiner=values[LAST_JOINER],
                      early=request.early)
@@ -265,12 +264,12 @@ def negotiate_joined(joining: bool) -> Agreement:
     same, fields = _agreed(values)
     kind = Kind(fields[0])
     if not same or values[ERROR] or kind not in SERVED_WHILE_JOINED:
-        return Agreement(kind, joined=True, failed=_slow_path(None) or "disagreed")
+        return Agreement(kind, joined=True, failed=gathered.slow_path(None) or "disagreed")
     count, layout = fields[10], fields[11]
     if values[UNKNOWN]:
-        buckets = _share_layout((), -values[LOWEST_TRAINING])
+        buckets = gathered.share_layout((), -values[LOWEST_TRAINING])
     elif count > 1:
-        buckets = _registry()[layout]
+        buckets = gathered.registry()[layout]
     else:
         buckets = ((fields[8], DTYPES[fields[9] - 1]),) if count else ()
     if fields[12] == 1:  # an early announcement: the data follows a second one
@@ -281,55 +280,3 @@ def negotiate_joined(joining: bool) -> Agreement:
 
 def _first(buckets: tuple[Bucket, ...]) -> tuple[int, torch.dtype | None]:
     return buckets[0] if buckets else (0, None)
-
-
-# --- the slow path: every rank's request, for the message ----------------------------------
-def _slow_path(request: Request | None, scope: Scope | None = None) -> str | None:
-    """Every rank's request (None from joined ranks) gathered, and the message for how they
-    differ. Every rank runs this after the same header, so it pairs up."""
-    requests: dict[int, Request | None] = {
-        rank: r if isinstance(r, Request) else None
-        for rank, r in enumerate(gather_objects(request, scope))}
-    joined = sum(1 for r in requests.values() if r is None)
-    return mismatch(requests, joined)
-
-
-def gather_objects(obj: object, scope: Scope | None = None) -> list[object]:
-    """Every rank's `obj` (of `scope`), pickled, in rank order (two gathers: the lengths,
-    then the bytes). Only for elasticrun's own objects (requests, layouts)."""
-    data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
-    size = runtime.current().slot.size if scope is None else scope.size
-    group = None if scope is None else scope.group
-    lengths = [torch.zeros(1, dtype=torch.int64) for _ in range(size)]
-    with collective("negotiating a collective"):
-        plane.all_gather(lengths, torch.tensor([data.numel()], dtype=torch.int64), group=group)
-        longest = max(int(n.item()) for n in lengths)
-        padded = torch.zeros(longest, dtype=torch.uint8)
-        padded[:data.numel()] = data
-        parts = [torch.empty(longest, dtype=torch.uint8) for _ in range(size)]
-        plane.all_gather(parts, padded, group=group)
-    return [pickle.loads(part[:int(n.item())].numpy().tobytes())  # noqa: S301 - our own
-            for part, n in zip(parts, lengths, strict=True)]
-
-
-# --- layouts of several buckets, learned once per round ------------------------------------
-_layouts: dict[int, tuple[Bucket, ...]] = {}
-_layouts_round = -1
-
-
-def _registry() -> dict[int, tuple[Bucket, ...]]:
-    global _layouts_round
-    number = runtime.current().round
-    if number != _layouts_round:
-        _layouts.clear()
-        _layouts_round = number
-    return _layouts
-
-
-def _share_layout(buckets: tuple[Bucket, ...], root: int) -> tuple[Bucket, ...]:
-    """The lowest training rank's buckets, to every rank; each registers them."""
-    shared = gather_objects(buckets if runtime.current().slot.rank == root else None)[root]
-    assert isinstance(shared, tuple)
-    layout: tuple[Bucket, ...] = shared
-    _registry()[Request(Kind.ALLREDUCE, buckets=layout).layout_key()] = layout
-    return layout

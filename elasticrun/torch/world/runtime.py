@@ -12,10 +12,8 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import signal
 import socket
 import sys
-import time
 
 import torch
 import torch.distributed as dist
@@ -32,7 +30,7 @@ from elasticrun.torch.world.joining import JoinTiming, join_next_round
 from elasticrun.torch.world.session import RoundSession
 from elasticrun.worker import timeline
 from elasticrun.worker.client import DriverClient, DriverUnreachableError, RequestRefusedError
-from elasticrun.worker.notices import NoticeWatcher
+from elasticrun.worker.notices import NoticeWatcher, ask_round_broken, stop_for_good
 
 log = logging.getLogger("elasticrun.worker")
 
@@ -123,7 +121,7 @@ class Runtime:
             if interface:  # the interface that reaches the driver reaches the peers too
                 os.environ["GLOO_SOCKET_IFNAME"] = interface
         self.notices = NoticeWatcher(self.client, lambda: self.round, self._round_broken,
-                                     self._driver_lost)
+                                     lambda reason: stop_for_good(self.slot.rank, reason))
         self._join(last_round=0, failure="", committed=False)
         self.notices.start()
 
@@ -200,28 +198,14 @@ class Runtime:
 
     def round_broken(self, within: float) -> bool:
         """Whether the driver says this worker's current round broke, waiting at most
-        `within` seconds for it to say so (its notices long-poll answers at once then)."""
+        `within` seconds for it to say so."""
         number = self.round
         if self.client is None or number == 0:
             return False
         if self.notices is not None and self.notices.broken_round >= number:
             return True
         after = self.notices.latest if self.notices is not None else 0
-        deadline = time.monotonic() + within
-        while True:
-            wait = max(0.0, deadline - time.monotonic())
-            try:
-                reply = self.client.call(protocol.PATH_NOTICES,
-                                         {"after": after, "round": number, "timeout": wait},
-                                         wait=wait)
-            except RequestRefusedError as exc:
-                log.debug("asking whether round %d broke failed: %s", number, exc)
-                return False
-            if int(reply.get("broken_round", 0)) >= number:
-                return True
-            after = max(after, int(reply.get("seq", after)))  # a host-change notice
-            if time.monotonic() >= deadline:
-                return False
+        return ask_round_broken(self.client, number, within, after)
 
     def _join(self, last_round: int, failure: str, committed: bool) -> None:
         self.last_join = join_next_round(self, _connect, last_round, failure, committed)
@@ -238,18 +222,6 @@ class Runtime:
         if session is not None and session.number == broken_round:
             count = session.abort()
             log.debug("round %d broke; severed %d connection(s)", broken_round, count)
-
-    def _driver_lost(self, reason: str) -> None:
-        """Called by the watcher thread: nobody will ever tell this worker what to do again.
-        It stops, with everything it started, instead of waiting forever."""
-        try:
-            sys.stderr.write(f"elasticrun: rank {self.slot.rank}: {reason}; the driver is "
-                             f"gone, so this worker stops\n")
-            sys.stderr.flush()
-        finally:
-            if os.getpgrp() == os.getsid(0):  # our own session, as elasticrun started us
-                os.killpg(os.getpgrp(), signal.SIGKILL)
-            os._exit(1)
 
 
 _runtime: Runtime | None = None
