@@ -32,6 +32,9 @@ from tests.integration.harness import (
 from tests.integration.progress import check_job
 from tests.ssh.netns import Cluster, keygen, kill_all, netns_inode, unavailable
 
+# Hosts in network namespaces of fixed names and addresses: one pytest worker at a time.
+pytestmark = pytest.mark.xdist_group("netns")
+
 H1, H2, H3 = "10.77.0.11", "10.77.0.12", "10.77.0.13"
 TRAIN = [PYTHON, str(SCRIPTS / "elastic_train.py")]
 COMMON = ["--start-timeout", "60", "--discovery-interval", "0.2"]
