@@ -10,6 +10,7 @@ import os
 import socket
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from elasticrun.errors import SpawnError
 log = logging.getLogger("elasticrun.launch.ssh")
 
 RETRY_BACKOFF_S = (0.5, 1.0, 2.0)
+MIN_ATTEMPT_S = 1.0  # an attempt gets at least this long, or is not made
 DEAD_PEER_FACTOR = 3  # TCP_USER_TIMEOUT = keepalive interval x this
 
 _KNOWN_HOSTS_LOCK = threading.Lock()
@@ -37,8 +39,9 @@ class SSHSettings:
     port: int | None = None
     identity_file: Path | None = None
     user: str | None = None
-    connect_timeout: float = 10.0
+    connect_timeout: float = 10.0  # one attempt
     connect_attempts: int = 3
+    connect_total: float = 30.0  # every attempt together (--start-timeout): then it gives up
     accept_new_host_keys: bool = False
     known_hosts: Path | None = None  # default: UserKnownHostsFile, else ~/.ssh/known_hosts
     python: str = field(default_factory=lambda: sys.executable)
@@ -53,6 +56,7 @@ class SSHSettings:
                    accept_new_host_keys=config.ssh_accept_new_host_keys,
                    python=config.remote_python or sys.executable,
                    connect_timeout=min(10.0, config.start_timeout),
+                   connect_total=config.start_timeout,
                    stop_grace_period=config.stop_grace_period)
 
 
@@ -185,10 +189,10 @@ class _Retryable(Exception):
     """A connect failure worth another attempt; its message is the reason."""
 
 
-def _open_socket(target: _Target, settings: SSHSettings) -> Any:
+def _open_socket(target: _Target, settings: SSHSettings, timeout: float) -> Any:
     if target.proxy_command:
         return paramiko.ProxyCommand(target.proxy_command)
-    sock = socket.create_connection((target.hostname, target.port), settings.connect_timeout)
+    sock = socket.create_connection((target.hostname, target.port), timeout)
     interval = settings.keepalive_interval
     if interval > 0:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
@@ -198,12 +202,13 @@ def _open_socket(target: _Target, settings: SSHSettings) -> Any:
     return sock
 
 
-def _connect_once(target: _Target, settings: SSHSettings) -> paramiko.SSHClient:
-    """One attempt. Raises _Retryable or SpawnError (the reason only, without the host)."""
+def _connect_once(target: _Target, settings: SSHSettings, timeout: float
+                  ) -> paramiko.SSHClient:
+    """One attempt, each of its waits bounded by `timeout`. Raises _Retryable or SpawnError
+    (the reason only, without the host)."""
     client = _new_client(target, settings)
-    timeout = settings.connect_timeout
     try:
-        sock = _open_socket(target, settings)
+        sock = _open_socket(target, settings, timeout)
         client.connect(
             target.hostname, port=target.port, username=target.user,
             key_filename=list(target.key_files) or None, timeout=2 * timeout,
@@ -264,21 +269,30 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _connect(target: _Target, settings: SSHSettings) -> paramiko.SSHClient:
-    """Connects with bounded retries; raises SpawnError naming the host."""
-    attempts = max(1, settings.connect_attempts)
+    """Connects with bounded retries, all of them within `connect_total` seconds (a host
+    that cannot be reached within the start timeout is given up then, not attempts x the
+    connect timeout later); raises SpawnError naming the host."""
+    deadline = time.monotonic() + settings.connect_total
     reason = ""
-    for attempt in range(attempts):
+    made = 0
+    while made < max(1, settings.connect_attempts):
+        left = deadline - time.monotonic()
+        if made and left < MIN_ATTEMPT_S:
+            break
+        made += 1
         try:
-            return _connect_once(target, settings)
+            return _connect_once(target, settings,
+                                 min(settings.connect_timeout, max(left, MIN_ATTEMPT_S)))
         except _Retryable as exc:
             reason = str(exc)
         except SpawnError as exc:
             raise SpawnError(f"cannot reach host {target.describe()} over SSH: {exc}") from None
-        if attempt + 1 < attempts:
-            delay = RETRY_BACKOFF_S[min(attempt, len(RETRY_BACKOFF_S) - 1)]
+        delay = min(RETRY_BACKOFF_S[min(made - 1, len(RETRY_BACKOFF_S) - 1)],
+                    max(0.0, deadline - time.monotonic()))
+        if made < settings.connect_attempts and delay > 0:
             log.debug("ssh to %s failed (%s); retrying in %gs", target.describe(), reason, delay)
             threading.Event().wait(delay)
-    tries = f" (after {attempts} attempts)" if attempts > 1 else ""
+    tries = f" (after {made} attempts)" if made > 1 else ""
     raise SpawnError(f"cannot reach host {target.describe()} over SSH: {reason}{tries}")
 
 

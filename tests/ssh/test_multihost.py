@@ -291,8 +291,11 @@ def test_unusable_host_is_skipped(cluster: Cluster, tmp_path: Path, fault: str) 
         home = cluster.make_home(tmp_path / "home", {H3: keygen(tmp_path / "other_key")})
         reason = "HOST KEY FOR 10.77.0.13 HAS CHANGED"
     try:
+        # the start timeout bounds every connect attempt together (the last flag counts)
+        bound = ["--start-timeout", "10"] if fault == "black-hole" else []
         result = run_job(cluster, ["-H", f"{H1}:1,{H2}:1,{H3}:1", "--min-np", "2", *COMMON,
-                                   *TRAIN], train_env(cluster, home=home), tmp_path / "logs")
+                                   *bound, *TRAIN], train_env(cluster, home=home),
+                         tmp_path / "logs")
     finally:
         if h3.sshd is None:
             cluster.start_sshd(h3)

@@ -382,6 +382,21 @@ async def test_silent_server_times_out(sshd: SSHServer, tmp_path: Path) -> None:
     assert elapsed < 3.0
 
 
+async def test_every_attempt_ends_within_the_start_timeout(sshd: SSHServer, tmp_path: Path
+                                                          ) -> None:
+    """Three attempts of 1 s each would take ~4.5 s with their back-off; the start timeout
+    (connect_total) gives the host up after 1.5 s."""
+    with socket.socket() as listener:  # accepts connections (backlog) but never speaks
+        listener.bind((HOST, 0))
+        listener.listen(4)
+        port = listener.getsockname()[1]
+        message, elapsed = await connect_error(
+            settings_for(sshd, port=port, connect_timeout=1.0, connect_attempts=3,
+                         connect_total=1.5), tmp_path)
+    assert "banner" in message and "attempts" not in message, message
+    assert elapsed < 3.0
+
+
 async def test_wrong_client_key_is_authentication_failed(
     sshd: SSHServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
