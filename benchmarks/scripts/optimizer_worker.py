@@ -6,7 +6,8 @@ Env: BENCH_OUT (JSON-lines file of events), BENCH_SPEC (JSON: per model its size
 turns, that many steps each), BENCH_VARIANTS (comma-separated: "hooks"
 DistributedOptimizer(overlap=True), "nohooks" (overlap=False), "fp16" (Compression.fp16,
 overlap=True), "ddp_here" (plain DDP on the elasticrun round's Gloo group, in the same job:
-a reference that shares every condition with the others); or "ddp" alone, under torchrun).
+a reference that shares every condition with the others); or "ddp" alone, once per copy
+of the model to train in turns, under torchrun).
 elasticrun's variants commit a TorchState every BENCH_SPEC["commit_every"] of their steps,
 inside the timed step, as an elastic training script does.
 Events (rank 0): "measured" per model and variant, with the measured steps' durations (and
@@ -229,4 +230,4 @@ def main_ddp() -> None:
 
 
 if __name__ == "__main__":
-    main_ddp() if VARIANTS == ["ddp"] else main_elasticrun()
+    main_ddp() if set(VARIANTS) == {"ddp"} else main_elasticrun()
