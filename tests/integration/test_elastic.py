@@ -176,5 +176,8 @@ def test_reset_callbacks_rescale_learning_rate(tmp_path: Path) -> None:
     result = run_job(["-np", "4", "--min-np", "2", "--host-discovery-script", str(script),
                       *COMMON, *TRAIN], train_env(faults="4:3:exit"), log_dir=tmp_path / "logs")
     assert_ok(result)
-    by_round = {(r["round"], r["resets"], r["size"], r["lr"]) for r in result.events("round")}
-    assert by_round == {(1, 0, 4, 0.0125 * 4), (2, 1, 2, 0.0125 * 2)}
+    # Which round numbers they trained in depends on timing (a round that loses a member
+    # while it is built is redone: under load the recovery can be round 3); what the
+    # callbacks did does not.
+    seen = sorted({(r["round"], r["resets"], r["size"], r["lr"]) for r in result.events("round")})
+    assert [s[1:] for s in seen] == [(0, 4, 0.0125 * 4), (1, 2, 0.0125 * 2)], seen
