@@ -38,10 +38,16 @@ _prctl = _parent_death_signal()
 
 
 def _die_with_parent(death_signal: int) -> Callable[[], None]:
+    parent = os.getpid()
+
     def set_signal() -> None:
-        """Runs in the child between fork and exec: only a call into libc, no imports."""
+        """Runs in the child between fork and exec: only calls into libc, no imports. A
+        parent killed before the signal was set never sends it (seen under load: a driver
+        SIGKILLed just after forking left a worker behind), so the child then goes at once."""
         if _prctl is not None:
             _prctl(_PR_SET_PDEATHSIG, death_signal)
+            if os.getppid() != parent:
+                os._exit(128 + death_signal)
     return set_signal
 
 
