@@ -4,11 +4,11 @@ with its failure as one DiscoveryError line."""
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 from collections.abc import Mapping, Sequence
 
 from elasticrun.errors import DiscoveryError
+from elasticrun.spawning import kill_session, signal_session, spawn_session
 from elasticrun.timed import within
 
 MAX_OUTPUT_BYTES = 1024 * 1024
@@ -18,12 +18,11 @@ async def run_command(argv: Sequence[str], timeout: float, name: str,
                       env: Mapping[str, str] | None = None) -> str:
     """The command's standard output; `name` says what it is in an error."""
     try:
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
+        proc = await spawn_session(
+            argv,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,
             env=dict(env) if env is not None else None,
         )
     except FileNotFoundError:
@@ -33,13 +32,12 @@ async def run_command(argv: Sequence[str], timeout: float, name: str,
     try:
         out, err = await within(proc.communicate(), timeout)
     except asyncio.TimeoutError:
-        _kill_group(proc.pid)
-        await proc.wait()
+        await kill_session(proc)
         raise DiscoveryError(f"{name}: no answer within {timeout:g}s") from None
-    except BaseException:
-        _kill_group(proc.pid)
+    except BaseException:  # cancelled: the job is ending, and the command goes first
+        await kill_session(proc)
         raise
-    _kill_group(proc.pid)  # whatever it left behind in its group
+    signal_session(proc.pid, signal.SIGKILL)  # whatever it left behind in its group
     if proc.returncode != 0:
         last = _last_line(err)
         detail = f": {last}" if last else ""
@@ -50,13 +48,6 @@ async def run_command(argv: Sequence[str], timeout: float, name: str,
         return out.decode()
     except UnicodeDecodeError:
         raise DiscoveryError(f"{name}: printed bytes that are not UTF-8 text") from None
-
-
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _last_line(data: bytes) -> str:

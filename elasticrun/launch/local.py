@@ -19,6 +19,7 @@ from pathlib import Path
 from elasticrun.errors import SpawnError
 from elasticrun.launch.base import WorkerSpec
 from elasticrun.launch.plugins import LaunchOptions, no_arg
+from elasticrun.spawning import signal_session, spawn_session
 from elasticrun.timed import within
 
 OUTPUT_LIMIT = 1024 * 1024  # bytes a reader buffers before the pump drains it
@@ -66,19 +67,19 @@ class LocalProcess:
     async def wait(self) -> int:
         code = await self._proc.wait()
         # Take down whatever the worker left behind in its group (dataloader workers, ...).
-        _signal_group(self.pid, signal.SIGKILL)
+        signal_session(self.pid, signal.SIGKILL)
         return code
 
     async def stop(self, grace_period: float) -> None:
         if self._proc.returncode is not None:
-            _signal_group(self.pid, signal.SIGKILL)
+            signal_session(self.pid, signal.SIGKILL)
             return
-        _signal_group(self.pid, signal.SIGTERM)
+        signal_session(self.pid, signal.SIGTERM)
         try:
             await within(asyncio.shield(self._proc.wait()), grace_period)
         except asyncio.TimeoutError:
             pass
-        _signal_group(self.pid, signal.SIGKILL)
+        signal_session(self.pid, signal.SIGKILL)
         with contextlib.suppress(asyncio.TimeoutError):
             await within(asyncio.shield(self._proc.wait()), 5.0)
 
@@ -90,14 +91,13 @@ async def start_local(command: Sequence[str], env: Mapping[str, str], cwd: Path,
     if not command:
         raise SpawnError("no command to start")
     try:
-        proc = await asyncio.create_subprocess_exec(
-            *command,
+        proc = await spawn_session(
+            command,
             env=dict(env),
             cwd=str(cwd),
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,
             preexec_fn=_die_with_parent(death_signal),
             limit=OUTPUT_LIMIT,
         )
@@ -120,11 +120,6 @@ class LocalLauncher:
 
     async def close(self) -> None:
         return None
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
 
 
 def plugin(options: LaunchOptions) -> LocalLauncher:

@@ -1,0 +1,50 @@
+"""Child processes in sessions of their own, which a cancellation never leaves behind.
+
+asyncio's `create_subprocess_exec`, cancelled while it connects the child's pipes (the child
+already runs), kills the child alone and then waits for its pipes to close: a grandchild
+holding them (a discovery script's `sleep`) keeps that wait, and the child's work, going on
+after the driver has moved on, and the loop may close with the child's transport open
+("Event loop is closed"). Seen under load: a discovery script outlived its failed job. Here
+a cancelled start is let finish, and then its whole session is taken down and reaped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import Sequence
+from typing import Any
+
+from elasticrun.timed import within
+
+# How long a start that was cancelled gets to finish, and a killed child to be gone.
+SETTLE_S = 5.0
+
+
+async def spawn_session(argv: Sequence[str], **options: Any) -> asyncio.subprocess.Process:
+    """`create_subprocess_exec(*argv, start_new_session=True, **options)`. Cancelled, it
+    takes the child's session down (if it started) before the cancellation goes on."""
+    start = asyncio.ensure_future(
+        asyncio.create_subprocess_exec(*argv, start_new_session=True, **options))
+    try:
+        return await asyncio.shield(start)
+    except asyncio.CancelledError:
+        with contextlib.suppress(BaseException):  # an error to start is no one's news now
+            await kill_session(await within(asyncio.shield(start), SETTLE_S))
+        raise
+
+
+async def kill_session(proc: asyncio.subprocess.Process) -> None:
+    """SIGKILLs `proc`'s session (its process group) and waits, bounded, until `proc` is
+    reaped and its pipes closed. A second cancellation meanwhile does not stop the wait."""
+    signal_session(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+        await within(asyncio.shield(proc.wait()), SETTLE_S)
+
+
+def signal_session(pid: int, sig: int) -> None:
+    """Sends `sig` to the process group that `pid` leads (gone already: nothing to do)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
