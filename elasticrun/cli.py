@@ -81,6 +81,19 @@ def _positive(_ctx: click.Context, param: click.Parameter, value: float | None) 
 @click.option("--collective-timeout", type=float, default=60.0, show_default=True,
               callback=_positive, help="Seconds a collective may block before it counts "
                                        "as a failure.")
+@click.option("--hang-detection/--no-hang-detection", default=True, show_default=True,
+              help="Find a hung worker (stopped, frozen host, cut link) in about a second, "
+                   "instead of at the collective timeout: a collective that waits far longer "
+                   "than usual makes the driver probe the round's members.")
+@click.option("--hang-timeout", type=float, default=5.0, show_default=True,
+              callback=_positive, help="Seconds a worker that answers no probe is given when "
+                                       "its host cannot say whether its process runs "
+                                       "(launchers without process states).")
+@click.option("--stuck-timeout", type=float, default=30.0, show_default=True,
+              callback=_positive, help="Seconds a worker's training thread may stay outside "
+                                       "collectives, using no CPU, while its peers wait in "
+                                       "one (a deadlocked data loader) before it counts as "
+                                       "hung.")
 @click.option("--backend", type=click.Choice(BACKENDS), default="auto",
               show_default=True, envvar="ELASTICRUN_BACKEND", show_envvar=True,
               help="What carries CUDA tensors: nccl, gloo (through host memory), or auto "

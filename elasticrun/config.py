@@ -36,6 +36,9 @@ class DriverConfig:
     collective_timeout: float = 60.0
     backend: str = "auto"  # for CUDA tensors: auto, gloo or nccl (the workers choose)
     driver_timeout: float = 30.0  # a worker that cannot reach the driver this long stops
+    hang_detection: bool = True  # stalled collectives make the driver look for a hung member
+    hang_timeout: float = 5.0  # a silent member whose host cannot say what it does
+    stuck_timeout: float = 30.0  # a training thread outside collectives, idle, peers waiting
     network_interface: str | None = None
     output_filename: Path | None = None
     prefix_timestamp: bool = False
@@ -104,7 +107,8 @@ class DriverConfig:
             raise ConfigError("agents connect to the driver at a port they know: give --port "
                               "PORT (and the agents --driver http://THIS_HOST:PORT)")
         for name in ("discovery_interval", "discovery_timeout", "start_timeout",
-                     "elastic_timeout", "collective_timeout", "driver_timeout"):
+                     "elastic_timeout", "collective_timeout", "driver_timeout",
+                     "hang_timeout", "stuck_timeout"):
             if getattr(self, name) <= 0:
                 flag = "--" + name.replace("_", "-")
                 raise ConfigError(f"{flag} must be positive, got {getattr(self, name)}")

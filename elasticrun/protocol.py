@@ -37,6 +37,8 @@ ENV_SECRET = "ELASTICRUN_SECRET"
 ENV_COLLECTIVE_TIMEOUT = "ELASTICRUN_COLLECTIVE_TIMEOUT"
 ENV_ROUND_TIMEOUT = "ELASTICRUN_ROUND_TIMEOUT"
 ENV_DRIVER_TIMEOUT = "ELASTICRUN_DRIVER_TIMEOUT"
+# "0": this worker does not report stalled collectives (--no-hang-detection).
+ENV_HANG_DETECTION = "ELASTICRUN_HANG_DETECTION"
 # --backend auto|gloo|nccl (for CUDA tensors), and the CUDA device a worker is pinned to.
 ENV_BACKEND = "ELASTICRUN_BACKEND"
 # "1" when the job's membership may change (--min-np, --max-np, discovery), else "0".
@@ -85,6 +87,7 @@ PATH_JOIN = "/v1/rendezvous/join"
 PATH_NOTICES = "/v1/rendezvous/notices"
 PATH_SYNCED = "/v1/rendezvous/synced"  # a worker holds the committed state of its round
 PATH_FAILING = "/v1/rendezvous/failing"  # a worker's own error ends it: it is about to exit
+PATH_STALLED = "/v1/rendezvous/stalled"  # a collective waits far longer than usual
 PATH_TIMELINE = "/v1/timeline"  # a worker's trace events; opens the job's trace file
 PATH_KV_PREFIX = "/v1/kv/"
 KV_OPS = ("set", "get", "add", "compare_set", "check", "delete", "num_keys", "wait", "multi_get")

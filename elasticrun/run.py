@@ -55,6 +55,9 @@ def run(
     blacklist_cooldown_range: tuple[float, float] | None = None,
     collective_timeout: float = 60.0,
     driver_timeout: float = 30.0,
+    hang_detection: bool = True,
+    hang_timeout: float = 5.0,
+    stuck_timeout: float = 30.0,
     backend: str = "auto",
     ssh_port: int | None = None,
     ssh_identity_file: str | os.PathLike[str] | None = None,
@@ -134,7 +137,8 @@ def job_settings(func: object, args: object, kwargs: object,
     _integer(opts, "ssh_port", 1, 65535)
     _integer(opts, "port", 0, 65535)
     for name in ("discovery_interval", "discovery_timeout", "start_timeout",
-                 "elastic_timeout", "collective_timeout", "driver_timeout"):
+                 "elastic_timeout", "collective_timeout", "driver_timeout", "hang_timeout",
+                 "stuck_timeout"):
         _seconds(opts, name)
     sources = [name for name in ("hosts", "hostfile", "discovery") if opts[name] is not None]
     if len(sources) > 1:
@@ -161,6 +165,8 @@ def job_settings(func: object, args: object, kwargs: object,
             remote_python=_text(opts, "remote_python"),
             working_dir=_path(opts, "working_dir"), port=opts["port"],
             driver_timeout=opts["driver_timeout"], backend=_text(opts, "backend") or "auto",
+            hang_detection=bool(opts["hang_detection"]), hang_timeout=opts["hang_timeout"],
+            stuck_timeout=opts["stuck_timeout"],
             launcher=_text(opts, "launcher") or "auto",
             agent_token_file=_path(opts, "agent_token_file"))
     except ConfigError as exc:

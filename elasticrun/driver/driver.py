@@ -134,6 +134,7 @@ class Driver:
             collective_timeout=config.collective_timeout,
             round_timeout=config.start_timeout + config.elastic_timeout,
             driver_timeout=config.driver_timeout, backend=config.backend, elastic=config.elastic,
+            hang_detection=config.hang_detection,
             gloo_interface=config.network_interface or ("lo" if all_local else None))
         settings = PoolSettings(config.command, config.working_dir, config.stop_grace_period,
                                 env, launcher_env(),
@@ -207,7 +208,9 @@ class Driver:
             self._run_task(self._spawn(action))
         elif isinstance(action, ev.StopWorkers):
             if self._pool is not None:
-                self._pool.stop(action.workers)
+                self._pool.stop(action.workers, kill=action.kill)
+        elif isinstance(action, ev.InspectWorkers):
+            self._run_task(self._inspect(action))
         elif isinstance(action, ev.RecordFailure):
             tail = self._pool.stderr_tail(action.worker) if self._pool is not None else []
             self._failures.worker_failed(action.cause, host=action.host, kind=action.kind,
@@ -240,6 +243,11 @@ class Driver:
             self._pool.stop([action.worker])
         else:
             self.post(ev.WorkerStarted(action.worker))
+
+    async def _inspect(self, action: ev.InspectWorkers) -> None:
+        assert self._pool is not None
+        views = await self._pool.inspect(action.workers)
+        self.post(ev.ProcessesInspected(action.round, tuple(views.items())))
 
     def _exited(self, worker_id: str, code: int) -> None:
         self.post(ev.WorkerExited(worker_id, code))

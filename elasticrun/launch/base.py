@@ -30,6 +30,10 @@ class WorkerProcess(Protocol):
         Returns within the grace period and a few seconds more."""
         ...
 
+    # Optional: `async inspect() -> ProcessView`, what the worker's process is doing as its
+    # host sees it (stopped, running, gone), asked when the worker may be hung. A launcher
+    # without it leaves hung workers to --hang-timeout.
+
 
 @dataclass(frozen=True)
 class WorkerSpec:

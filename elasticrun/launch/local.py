@@ -19,6 +19,7 @@ from pathlib import Path
 from elasticrun.errors import SpawnError
 from elasticrun.launch.base import WorkerSpec
 from elasticrun.launch.plugins import LaunchOptions, no_arg
+from elasticrun.process_view import ProcessState, ProcessView, read_process_view
 from elasticrun.spawning import signal_session, spawn_session
 from elasticrun.timed import within
 
@@ -63,6 +64,11 @@ class LocalProcess:
     @property
     def returncode(self) -> int | None:
         return self._proc.returncode
+
+    async def inspect(self) -> ProcessView:
+        if self._proc.returncode is not None:
+            return ProcessView(ProcessState.GONE)
+        return read_process_view(self.pid)
 
     async def wait(self) -> int:
         code = await self._proc.wait()

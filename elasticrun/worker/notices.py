@@ -7,6 +7,8 @@ lost when one arrives during a reset. When the driver declares the worker's roun
 broken (a member failed), the watcher calls `on_round_broken` so that a worker blocked
 in a collective is released at once instead of at the collective timeout. When the driver
 has not answered for the driver timeout, it is gone: the watcher calls `on_driver_lost`.
+When a round stalls, the driver probes its members through these polls: a watcher answers
+a probe at once, with what `liveness` says (worker/liveness.py).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from elasticrun import protocol
 from elasticrun.worker.client import DriverClient, DriverUnreachableError, RequestRefusedError
@@ -34,8 +36,14 @@ class NoticeWatcher:
         current_round: Callable[[], int],
         on_round_broken: Callable[[int], None],
         on_driver_lost: Callable[[str], None],
+        worker_id: str = "",
+        liveness: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self._client = client
+        self._worker_id = worker_id
+        self._liveness = liveness  # what this worker says when a stalled round is probed
+        self._probe = 0  # the newest probe of a stalled round the driver asked
+        self._answered = 0  # the newest probe this watcher answered
         self._current_round = current_round
         self._on_round_broken = on_round_broken
         self._on_driver_lost = on_driver_lost
@@ -67,12 +75,14 @@ class NoticeWatcher:
     def _loop(self) -> None:
         while True:
             watched = max(self._current_round(), self._handled_broken + 1)
+            payload: dict[str, Any] = {"after": self._latest, "round": watched,
+                                       "timeout": self._poll_s, "worker_id": self._worker_id,
+                                       "probe_ack": self._probe}
+            if self._probe > self._answered and self._liveness is not None:
+                payload["liveness"] = self._liveness()  # the answer to a probe
+                self._answered = self._probe
             try:
-                reply = self._client.call(
-                    protocol.PATH_NOTICES,
-                    {"after": self._latest, "round": watched, "timeout": self._poll_s},
-                    wait=self._poll_s,
-                )
+                reply = self._client.call(protocol.PATH_NOTICES, payload, wait=self._poll_s)
             except DriverUnreachableError as exc:
                 self._on_driver_lost(str(exc))
                 return
@@ -85,6 +95,7 @@ class NoticeWatcher:
                                                           reply.get("notices", ()))
                                  if notice.seq > self._latest)
             self._latest = max(self._latest, int(reply["seq"]))
+            self._probe = max(self._probe, int(reply.get("probe", 0)))
             broken = int(reply.get("broken_round", 0))
             if broken >= watched:
                 self._handled_broken = broken

@@ -16,11 +16,16 @@ from elasticrun.driver.processes.output import OutputRouter
 from elasticrun.driver.processes.records import EnvSettings, WorkerProcessRecord, job_env
 from elasticrun.driver.rounds.assignment import SlotId
 from elasticrun.launch.base import Launcher, WorkerSpec
+from elasticrun.process_view import ProcessState, ProcessView
 from elasticrun.protocol import SlotInfo
+from elasticrun.timed import within
 
 log = logging.getLogger("elasticrun.driver")
 
 PUMP_DRAIN_S = 2.0  # after an exit, how long its last output may take to arrive
+# How long a worker's host gets to say what its process is doing (a hang is suspected):
+# beyond it, the host counts as unreachable (a frozen host, a cut link).
+INSPECT_TIMEOUT_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -86,16 +91,39 @@ class WorkerPool:
         self._on_exit(record.id, code)
         del self._processes[record.id]  # its tail went with the exit report
 
-    def stop(self, worker_ids: Iterable[str]) -> None:
-        """Stops the given workers (in the background)."""
+    def stop(self, worker_ids: Iterable[str], kill: bool = False) -> None:
+        """Stops the given workers (in the background); `kill`: with no grace period."""
         for worker_id in worker_ids:
             record = self._processes.get(worker_id)
             if record is None or not record.alive:
                 continue
             task = asyncio.get_running_loop().create_task(
-                record.process.stop(self._settings.grace_period))
+                record.process.stop(0.0 if kill else self._settings.grace_period))
             self._stops.add(task)
             task.add_done_callback(self._stops.discard)
+
+    async def inspect(self, worker_ids: Iterable[str]) -> dict[str, ProcessView]:
+        """What each worker's process is doing, as its host says (bounded: a host that does
+        not answer within INSPECT_TIMEOUT_S is unreachable)."""
+        ids = list(worker_ids)
+        views = await asyncio.gather(*(self._inspect_one(i) for i in ids))
+        return dict(zip(ids, views, strict=True))
+
+    async def _inspect_one(self, worker_id: str) -> ProcessView:
+        record = self._processes.get(worker_id)
+        if record is None:
+            return ProcessView(ProcessState.GONE)
+        ask = getattr(record.process, "inspect", None)
+        if ask is None:
+            return ProcessView(ProcessState.UNKNOWN, "its launcher cannot tell")
+        try:
+            view: ProcessView = await within(ask(), INSPECT_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            return ProcessView(ProcessState.UNREACHABLE,
+                               f"no answer within {INSPECT_TIMEOUT_S:g}s")
+        except (OSError, EOFError) as exc:
+            return ProcessView(ProcessState.UNREACHABLE, str(exc) or type(exc).__name__)
+        return view
 
     async def stop_all(self) -> None:
         """Stops every live worker and waits (bounded) for their watchers to finish."""

@@ -50,6 +50,7 @@ class EnvSettings:
     gloo_interface: str | None
     backend: str = "auto"
     elastic: bool = True  # the membership may change (process sets are refused then)
+    hang_detection: bool = True  # workers report stalled collectives
 
 
 def job_env(
@@ -80,6 +81,7 @@ def job_env(
         protocol.ENV_DRIVER_TIMEOUT: f"{settings.driver_timeout:g}",
         protocol.ENV_BACKEND: settings.backend,
         protocol.ENV_ELASTIC: "1" if settings.elastic else "0",
+        protocol.ENV_HANG_DETECTION: "1" if settings.hang_detection else "0",
         "RANK": str(info.rank),
         "WORLD_SIZE": str(info.size),
         "LOCAL_RANK": str(info.local_rank),

@@ -14,6 +14,7 @@ from typing import Any
 
 from elasticrun.discovery.base import HostSlots
 from elasticrun.driver.rounds.assignment import Assignment, SlotId
+from elasticrun.process_view import ProcessView
 from elasticrun.protocol import HostUpdateResult, JoinReply
 
 
@@ -27,6 +28,7 @@ class TimerKind(enum.Enum):
     HOLD_LEAVING = "hold_leaving"  # leaving workers of `round` stop waiting for it to settle
     STANDBY_DEADLINE = "standby_deadline"  # standby `worker` has not checked in
     COOLDOWN_END = "cooldown_end"  # blacklisted `host` may return
+    PROBE = "probe"  # a stalled `round`: who answered its probe, who is hung (liveness.py)
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,38 @@ class WorkerSynced:
 
 
 @dataclass(frozen=True)
+class WorkerStalled:
+    """A member has waited `waited_s` in a collective of `round`, far longer than its
+    collectives take: a peer may be hung."""
+
+    worker: str
+    round: int
+    waited_s: float
+
+
+@dataclass(frozen=True)
+class ProbeAnswered:
+    """A member's notice watcher (a thread that does not train) answered probe `probe` of
+    `round`. Its training thread is in a collective or not, and has been for `since_s`;
+    it has used `cpu_s` seconds of CPU (None: unknown)."""
+
+    worker: str
+    round: int
+    probe: int
+    in_collective: bool
+    since_s: float
+    cpu_s: float | None
+
+
+@dataclass(frozen=True)
+class ProcessesInspected:
+    """What the members' hosts say their processes are doing (asked by InspectWorkers)."""
+
+    round: int
+    views: tuple[tuple[str, ProcessView], ...]
+
+
+@dataclass(frozen=True)
 class TimerFired:
     timer: Timer
 
@@ -117,7 +151,8 @@ class Interrupted:
 
 
 Event = (JobStarted | HostsFound | HostsDrained | HostsAdded | WorkerStarted | SpawnFailed
-         | WorkerExited | WorkerFailing | JoinAsked | WorkerSynced | TimerFired | Interrupted)
+         | WorkerExited | WorkerFailing | JoinAsked | WorkerSynced | TimerFired | Interrupted
+         | WorkerStalled | ProbeAnswered | ProcessesInspected)
 
 
 # --- actions ---------------------------------------------------------------------------------
@@ -132,6 +167,7 @@ class Spawn:
 @dataclass(frozen=True)
 class StopWorkers:
     workers: tuple[str, ...]
+    kill: bool = False  # SIGKILL now, no grace period (a hung worker must not wake up)
 
 
 @dataclass(frozen=True)
@@ -146,6 +182,23 @@ class BreakRound:
     """Members of `number` stop waiting on it: its store keys and notice polls answer now."""
 
     number: int
+
+
+@dataclass(frozen=True)
+class ProbeRound:
+    """Members' notice polls of `round` answer now with probe number `probe`; each live
+    member's watcher answers it at once (ProbeAnswered)."""
+
+    round: int
+    probe: int
+
+
+@dataclass(frozen=True)
+class InspectWorkers:
+    """Ask the workers' hosts what their processes are doing (ProcessesInspected)."""
+
+    round: int
+    workers: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -173,7 +226,7 @@ class RecordFailure:
     worker: str
     host: str
     cause: str
-    kind: str  # signal | exit_code | exception | spawn_error | check_in_timeout
+    kind: str  # signal | exit_code | exception | spawn_error | check_in_timeout | hang
     rank: int | None = None
     exit_code: int | None = None
 
@@ -205,4 +258,4 @@ class Fail:
 
 
 Action = (Spawn | StopWorkers | OpenRound | BreakRound | PostNotice | AnswerJoin | SetTimer
-          | RecordFailure | Report | Log | Finish | Fail)
+          | RecordFailure | Report | Log | Finish | Fail | ProbeRound | InspectWorkers)

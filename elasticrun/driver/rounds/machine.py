@@ -19,7 +19,7 @@ from collections.abc import Callable
 from elasticrun.config import DriverConfig
 from elasticrun.discovery.parsing import format_hosts
 from elasticrun.driver.hosts.registry import HostRegistry
-from elasticrun.driver.rounds import cutting, growth, joins
+from elasticrun.driver.rounds import cutting, growth, joins, liveness
 from elasticrun.driver.rounds.assignment import SlotId
 from elasticrun.driver.rounds.events import (
     Action,
@@ -30,12 +30,15 @@ from elasticrun.driver.rounds.events import (
     Interrupted,
     JobStarted,
     JoinAsked,
+    ProbeAnswered,
+    ProcessesInspected,
     SpawnFailed,
     StopWorkers,
     TimerFired,
     TimerKind,
     WorkerExited,
     WorkerFailing,
+    WorkerStalled,
     WorkerStarted,
     WorkerSynced,
 )
@@ -67,6 +70,12 @@ class RoundMachine:
             _worker_failing(step, event)
         elif isinstance(event, TimerFired):
             _timer_fired(step, event)
+        elif isinstance(event, ProbeAnswered):
+            liveness.answered(step, event)
+        elif isinstance(event, WorkerStalled):
+            liveness.stalled(step, event)
+        elif isinstance(event, ProcessesInspected):
+            _hung(step, liveness.inspected(step, event))
         elif isinstance(event, (HostsFound, JobStarted)):
             _hosts_found(step, event)
         elif isinstance(event, HostsDrained):
@@ -184,6 +193,22 @@ def _worker_failing(step: Step, event: WorkerFailing) -> None:
     _failed(step, worker, cause)
 
 
+def _hung(step: Step, verdicts: list[liveness.Verdict]) -> None:
+    """Hung workers are killed at once (one that woke up later must not act in a later
+    round) and fail their hosts, as a failed exit does."""
+    for verdict in verdicts:
+        worker = verdict.worker
+        if not worker.alive or worker.status is not WorkerStatus.RUNNING:
+            continue
+        worker.status = WorkerStatus.FAILED
+        _forget(step, worker.id)
+        step.state.stall = None
+        step.emit(StopWorkers((worker.id,), kill=True))
+        cause = f"rank {worker.rank} on host {worker.slot.host} hung: {verdict.reason}"
+        step.record_failure(worker, cause, "hang", rank=worker.rank)
+        _failed(step, worker, cause)
+
+
 def _failed(step: Step, worker: WorkerRecord, cause: str) -> None:
     if step.state.phase is JobPhase.FINISHING:
         step.fail(f"{cause} after other workers had finished")
@@ -228,6 +253,8 @@ def _timer_fired(step: Step, event: TimerFired) -> None:
         joins.check_in_expired(step, timer.round, survivors_only=kind is TimerKind.REJOIN)
     elif kind is TimerKind.HOLD_LEAVING:
         joins.reevaluate(step)
+    elif kind is TimerKind.PROBE:
+        _hung(step, liveness.probe_due(step, timer.round))
     elif kind is TimerKind.STANDBY_DEADLINE:
         growth.standby_deadline(step, timer.worker)
     elif kind is TimerKind.COOLDOWN_END:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from elasticrun.driver.hosts.registry import HostRegistry
 from elasticrun.driver.rounds.assignment import Assignment, SlotId
+from elasticrun.process_view import ProcessView
 
 
 class JobPhase(enum.Enum):
@@ -107,6 +108,25 @@ class Storm:
 
 
 @dataclass
+class Stall:
+    """A round whose collectives wait far longer than usual, while it lasts: its members are
+    probed, and their hosts asked, until the hung one is found or the wait ends."""
+
+    round: int
+    started: float
+    last_report: float  # stalled members repeat their reports while they wait
+    probe: int = 0  # the probe the members are answering now
+    interval: float = 0.0  # until the next probe (it backs off)
+    answered: set[str] = field(default_factory=set)  # answered the current probe
+    heard: dict[str, float] = field(default_factory=dict)  # worker -> last answer or report
+    outside: dict[str, float] = field(default_factory=dict)  # its training thread left its
+    #                                           collectives at (absent: it is in one)
+    cpu: dict[str, tuple[float, float]] = field(default_factory=dict)  # worker -> (its training
+    #                                           thread's CPU seconds, unchanged since)
+    views: dict[str, ProcessView] = field(default_factory=dict)  # worker -> its host's answer
+
+
+@dataclass
 class JobState:
     hosts: HostRegistry
     phase: JobPhase = JobPhase.STARTING
@@ -123,6 +143,8 @@ class JobState:
     hold_timer_round: int = 0  # the round whose hold-leaving timer is set
     growth: Growth = field(default_factory=Growth)
     storm: Storm = field(default_factory=Storm)
+    stall: Stall | None = None  # the current round's, while one lasts (liveness.py)
+    probe_seq: int = 0  # the last probe number given out (probes of every round count)
 
     @property
     def round_number(self) -> int:

@@ -54,6 +54,8 @@ class WorkerServer:
             self.rounds.wake()
         elif isinstance(action, ev.PostNotice):
             self.rounds.post_notice(action.seq, action.update)
+        elif isinstance(action, ev.ProbeRound):
+            self.rounds.wake()  # the polls of its members answer with the probe
         else:
             return False
         return True
@@ -71,6 +73,7 @@ class WorkerServer:
         app.router.add_post(protocol.PATH_NOTICES, self.rounds.notices)
         app.router.add_post(protocol.PATH_SYNCED, self.rounds.synced)
         app.router.add_post(protocol.PATH_FAILING, self.rounds.failing)
+        app.router.add_post(protocol.PATH_STALLED, self.rounds.stalled)
         app.router.add_post(protocol.PATH_TIMELINE, self.timeline.handle)
         app.router.add_post(protocol.PATH_RUN_FUNCTION, self.results.function)
         app.router.add_post(protocol.PATH_RUN_RESULT, self.results.result)

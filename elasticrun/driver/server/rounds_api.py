@@ -1,8 +1,10 @@
-"""The worker endpoints of the round machine: join, notices, synced, failing.
+"""The worker endpoints of the round machine: join, notices, synced, failing, stalled.
 
 Each request becomes a machine event; answers come from the machine's state, or, for a
 join, from its AnswerJoin action. Long-polls hold the request until the answer exists or
-their bound passes (then the worker asks again).
+their bound passes (then the worker asks again). A notice poll also carries the liveness
+probes of a stalled round (liveness.py): a probe newer than the one the worker answered
+ends its poll at once, and its next poll is the answer.
 """
 
 from __future__ import annotations
@@ -15,7 +17,14 @@ from collections.abc import Callable
 from aiohttp import web
 
 from elasticrun import protocol
-from elasticrun.driver.rounds.events import Event, JoinAsked, WorkerFailing, WorkerSynced
+from elasticrun.driver.rounds.events import (
+    Event,
+    JoinAsked,
+    ProbeAnswered,
+    WorkerFailing,
+    WorkerStalled,
+    WorkerSynced,
+)
 from elasticrun.driver.rounds.state import JobState
 from elasticrun.driver.server import payload as p
 from elasticrun.driver.server.signing import PAYLOAD
@@ -124,25 +133,52 @@ class RoundEndpoints:
         return self._report(WorkerFailing(p.field(body, "worker_id", str),
                                           p.field(body, "failure", str)[:500]))
 
-    def _report(self, event: WorkerSynced | WorkerFailing) -> web.Response:
+    async def stalled(self, request: web.Request) -> web.Response:
+        body = request[PAYLOAD]
+        return self._report(WorkerStalled(p.field(body, "worker_id", str),
+                                          p.field(body, "round", int),
+                                          p.number(body, "waited_s", 0.0)))
+
+    def _report(self, event: WorkerSynced | WorkerFailing | WorkerStalled) -> web.Response:
         if not self._known(event.worker):
             return p.error(403, "unknown worker")
         self._post(event)
         return web.json_response({})
 
     async def notices(self, request: web.Request) -> web.Response:
-        """Long-polls until a notice newer than `after` exists or round `round` broke."""
+        """Long-polls until a notice newer than `after` exists, round `round` broke, or a
+        probe of it newer than `probe_ack` began."""
         body = request[PAYLOAD]
         after = p.field(body, "after", int)
         watched = p.optional(body, "round", int, 0)
+        acked = p.optional(body, "probe_ack", int, 0)
         deadline = time.monotonic() + p.poll_timeout(body)
+        if acked:
+            self._answered(body, watched, acked)
         state = self._state
         while state.notice_seq <= after and not (0 < watched <= state.broken_round) \
-                and await self._changed(deadline):
+                and self._probe(watched) <= acked and await self._changed(deadline):
             pass
         return web.json_response({
             "seq": state.notice_seq, "broken_round": state.broken_round,
+            "probe": self._probe(watched),
             "notices": [n.to_json() for n in self._notices if n.seq > after]})
+
+    def _probe(self, watched: int) -> int:
+        """The probe of round `watched` its members are to answer (0: none)."""
+        stall = self._state.stall
+        return stall.probe if stall is not None and stall.round == watched else 0
+
+    def _answered(self, body: dict[str, object], watched: int, acked: int) -> None:
+        worker_id = p.field(body, "worker_id", str)
+        liveness = body.get("liveness")
+        if not isinstance(liveness, dict) or not self._known(worker_id):
+            return
+        cpu = liveness.get("cpu_s")
+        self._post(ProbeAnswered(
+            worker_id, watched, acked, p.flag(liveness, "in_collective"),
+            p.number(liveness, "since_s", 0.0),
+            None if cpu is None else p.number(liveness, "cpu_s", 0.0)))
 
     async def _changed(self, deadline: float) -> bool:
         """True when woken before `deadline` (time.monotonic()), else False. A future and a

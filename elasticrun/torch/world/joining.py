@@ -17,6 +17,7 @@ from elasticrun.torch.world.session import Connect, RoundSession
 from elasticrun.worker import timeline
 from elasticrun.worker.client import DriverClient
 from elasticrun.worker.elastic import WorkersFailedError, describe_failure
+from elasticrun.worker.liveness import StallWatch
 from elasticrun.worker.store import DriverStore
 
 log = logging.getLogger("elasticrun.worker")
@@ -42,6 +43,7 @@ class Joiner(Protocol):
     driver_peer: tuple[str, int]
     plane: DataPlane
     session: RoundSession | None
+    stall_watch: StallWatch | None
 
 
 def join_next_round(runtime: Joiner, connect: Connect, last_round: int, failure: str,
@@ -71,7 +73,10 @@ def join_next_round(runtime: Joiner, connect: Connect, last_round: int, failure:
                             round=reply.round, last_round=last_round, failure=failure)
             store = DriverStore(client, runtime.worker_id, timeout=runtime.collective_timeout)
             session = RoundSession.for_reply(reply, store, runtime.collective_timeout,
-                                             runtime.driver_peer, runtime.plane)
+                                             runtime.driver_peer, runtime.plane,
+                                             runtime.stall_watch)
+            if runtime.stall_watch is not None:
+                runtime.stall_watch.clock.restart()
             runtime.session = session
             session.publish_env()
             try:

@@ -30,6 +30,7 @@ from elasticrun.torch.world.joining import JoinTiming, join_next_round
 from elasticrun.torch.world.session import RoundSession
 from elasticrun.worker import timeline
 from elasticrun.worker.client import DriverClient, DriverUnreachableError, RequestRefusedError
+from elasticrun.worker.liveness import StallWatch, watch_stalls
 from elasticrun.worker.notices import NoticeWatcher, ask_round_broken, stop_for_good
 
 log = logging.getLogger("elasticrun.worker")
@@ -65,6 +66,7 @@ class Runtime:
         self.notices: NoticeWatcher | None = None
         self.last_join = JoinTiming()
         self.plane = DataPlane()
+        self.stall_watch: StallWatch | None = None  # hang detection: launched workers only
 
     @classmethod
     def from_env(cls) -> Runtime:
@@ -120,8 +122,10 @@ class Runtime:
             interface = interface_towards(*self.driver_peer)
             if interface:  # the interface that reaches the driver reaches the peers too
                 os.environ["GLOO_SOCKET_IFNAME"] = interface
+        self.stall_watch = watch = watch_stalls(self.client, self.worker_id)
         self.notices = NoticeWatcher(self.client, lambda: self.round, self._round_broken,
-                                     lambda reason: stop_for_good(self.slot.rank, reason))
+                                     lambda reason: stop_for_good(self.slot.rank, reason),
+                                     self.worker_id, watch.clock.snapshot)
         self._join(last_round=0, failure="", committed=False)
         self.notices.start()
 

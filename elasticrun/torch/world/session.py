@@ -46,6 +46,7 @@ from elasticrun.torch.world.groups import (
 )
 from elasticrun.torch.world.works import InFlight, drop_when_done, wait_abortably
 from elasticrun.worker.elastic import WorkersFailedError
+from elasticrun.worker.liveness import StallWatch
 from elasticrun.worker.sockets import new_tcp_sockets, open_socket_fds, sever
 from elasticrun.worker.store import DriverStore
 
@@ -73,8 +74,10 @@ class RoundSession:
         backend: str = "gloo",
         device: torch.device | None = None,
         agree: bool = False,
+        stall_watch: StallWatch | None = None,
     ) -> None:
         self.number = number
+        self.stall_watch = stall_watch  # reports waits far longer than usual (hang detection)
         self.slot = slot
         self.notice_seq = notice_seq  # the latest host-change notice this round reflects
         self.store = store  # kept alive as long as the group: torch calls back into it
@@ -93,13 +96,14 @@ class RoundSession:
 
     @classmethod
     def for_reply(cls, reply: protocol.JoinReply, store: dist.Store, collective_timeout: float,
-                  driver_peer: tuple[str, int], plane: DataPlane) -> RoundSession:
+                  driver_peer: tuple[str, int], plane: DataPlane,
+                  stall_watch: StallWatch | None = None) -> RoundSession:
         """The session of the round the driver just placed this worker in."""
         assert reply.slot is not None
         return cls(reply.round, reply.slot, store, notice_seq=reply.notice_seq,
                    collective_timeout=collective_timeout, driver_peer=driver_peer,
                    key_prefix=protocol.round_prefix(reply.round), backend=plane.backend,
-                   device=plane.device, agree=plane.agree)
+                   device=plane.device, agree=plane.agree, stall_watch=stall_watch)
 
     @property
     def built(self) -> bool:
@@ -162,9 +166,26 @@ class RoundSession:
         """`work.wait()` for a Gloo work of this round, released by `abort()` too: then, if
         the work has not completed, it is abandoned with WorkersFailedError. (Cutting the
         sockets is not always enough: Gloo loses a send that hit a peer's death at the
-        moment it was written, and its wait lasts the whole collective timeout.)"""
-        wait_abortably(work, lambda: self._aborted,
-                       self.collective_timeout + ABANDON_SLACK_S, self.number)
+        moment it was written, and its wait lasts the whole collective timeout.) A wait far
+        longer than usual is reported to the driver, which looks for a hung member."""
+        bound = self.collective_timeout + ABANDON_SLACK_S
+        watch = self.stall_watch
+        if watch is None:
+            wait_abortably(work, lambda: self._aborted, bound, self.number)
+            return
+        clock = watch.clock
+        entered = clock.enter()
+        completed = False
+        try:
+            wait_abortably(work, lambda: self._aborted, bound, self.number,
+                           (clock.stall_after(), self._report_stall))
+            completed = True
+        finally:
+            clock.leave(entered, completed)
+
+    def _report_stall(self, waited_s: float) -> None:
+        assert self.stall_watch is not None
+        self.stall_watch.report(self.number, waited_s)
 
     def abort(self) -> int:
         """Cuts the round's connections, releases every `wait()` and aborts the NCCL

@@ -25,6 +25,7 @@ from datetime import timedelta
 from typing import Any
 
 from elasticrun.worker.elastic import WorkersFailedError
+from elasticrun.worker.liveness import STALL_REPEAT_S
 
 # How often a wait looks whether its round was aborted (a slice that runs out costs about
 # 0.1 ms: 1% of a core while a collective takes long; half a slice is the added delay
@@ -37,6 +38,8 @@ RELEASE_POLL_S = 0.05
 PARK_WAIT_S = 2.0
 
 Work = Any  # torch.distributed.Work (its stubs lack wait's timeout)
+# A wait's stall reporting: after how many seconds, and whom to tell (seconds waited).
+Stalled = tuple[float, Callable[[float], None]]
 
 
 class InFlight:
@@ -62,12 +65,23 @@ class InFlight:
 
 
 def wait_abortably(work: Work, aborted: Callable[[], bool], bound_s: float,
-                   round_number: int) -> None:
+                   round_number: int, stalled: Stalled | None = None) -> None:
     """`work.wait()`, released within a slice once `aborted()`: an unfinished work is then
     abandoned with WorkersFailedError (as it is after `bound_s`, a backstop: Gloo ends
-    every work at the collective timeout). A finished work returns or raises as it ended."""
-    deadline = time.monotonic() + bound_s
-    while not work.is_completed() and not aborted() and time.monotonic() < deadline:
+    every work at the collective timeout). A finished work returns or raises as it ended.
+    `stalled`: (seconds, report): a wait that lasts that long is reported (how long it has
+    waited), and again every STALL_REPEAT_S while it lasts."""
+    started = time.monotonic()
+    deadline = started + bound_s
+    report_at = started + stalled[0] if stalled is not None else float("inf")
+    while not work.is_completed() and not aborted():
+        now = time.monotonic()
+        if now >= deadline:
+            break
+        if now >= report_at:
+            assert stalled is not None
+            stalled[1](now - started)
+            report_at = now + STALL_REPEAT_S
         try:
             work.wait(WAIT_SLICE)
             return

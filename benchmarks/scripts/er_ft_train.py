@@ -1,0 +1,64 @@
+"""The elasticrun side of the torchft comparison: er_train.py's model and loop with
+failure.py's failure, committing every BENCH_COMMIT_EVERY steps.
+
+Events: "started", "imported", "synced" (state synced, step restored), "step",
+"failure" (a collective raised: the step in flight is lost), the failure's own event,
+"done".
+"""
+
+from __future__ import annotations
+
+import time
+
+STARTED = time.time()
+
+import os  # noqa: E402
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from failure import FAIL_RANK, FAIL_STEP, fail  # noqa: E402
+from model import STEPS, batch, build_model, emit, parameter_count  # noqa: E402
+
+import elasticrun.torch as er  # noqa: E402
+
+COMMIT_EVERY = int(os.environ.get("BENCH_COMMIT_EVERY", "10"))
+
+
+def main() -> None:
+    emit("started", at=STARTED)
+    model = build_model()
+    optimizer = er.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                        named_parameters=model.named_parameters())
+    state = er.elastic.TorchState(model, optimizer, step=0)
+    emit("imported")
+    er.init()
+
+    @er.elastic.run
+    def train(state: er.elastic.TorchState) -> None:
+        data, target = batch(er.rank())
+        emit("synced", rank=er.rank(), size=er.size(), step=state.step)
+        while state.step < STEPS:
+            try:
+                optimizer.zero_grad()
+                loss = F.cross_entropy(model(data), target)
+                if state.step == FAIL_STEP and er.rank() == FAIL_RANK:
+                    fail(er.rank(), state.step)
+                loss.backward()
+                optimizer.step()
+                state.step += 1
+                if state.step % COMMIT_EVERY == 0:
+                    state.commit()
+            except er.elastic.HostsUpdatedInterrupt:
+                raise
+            except Exception:
+                emit("failure", rank=er.rank(), step=state.step)
+                raise
+            emit("step", rank=er.rank(), size=er.size(), step=state.step)
+
+    train(state)
+    emit("done", rank=er.rank(), params=parameter_count(model))
+    er.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,172 @@
+"""Pure: finding a hung member of a round in seconds, never a merely slow one.
+
+Nothing is exchanged while collectives flow. A member that waits in a collective far longer
+than its collectives take reports a stall; the round's members are then probed (their
+notice watchers, threads that do not train, answer at once) and their hosts are asked
+what the processes are doing. A member is hung when:
+- its host says its process is stopped (SIGSTOP, a tracer): it can do nothing, ever;
+- its host does not answer, and neither has it since the stall began (a frozen host, a
+  cut link);
+- its host cannot tell (a launcher without process states) and it has not answered for
+  --hang-timeout;
+- it answers, but its training thread has been outside collectives, using no CPU, for
+  --stuck-timeout while its peers waited (a deadlocked data loader).
+A member that does not answer while its host says it runs holds its GIL (a long GC pause, a
+long C call): slow, not hung. Probes back off while a stall lasts; it ends when the reports
+stop. The functions return the verdicts; the machine fails the hosts (machine.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from elasticrun.driver.rounds.events import (
+    InspectWorkers,
+    ProbeAnswered,
+    ProbeRound,
+    ProcessesInspected,
+    TimerKind,
+    WorkerStalled,
+)
+from elasticrun.driver.rounds.state import JobPhase, Stall, WorkerRecord
+from elasticrun.driver.rounds.step import Step
+from elasticrun.process_view import ProcessState
+
+PROBE_S = 0.5  # how long members get to answer a probe before silent ones are looked at
+PROBE_MAX_S = 4.0  # a lasting stall's probes back off to one every this many seconds
+# Stalled members repeat their report every second (worker/liveness.py): none for this
+# long, and the stall is over.
+STALL_LAPSE_S = 2.5
+CPU_RESOLUTION_S = 0.02  # a change of CPU time below this is no change (clock ticks)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    worker: WorkerRecord
+    reason: str
+
+
+def stalled(step: Step, event: WorkerStalled) -> None:
+    if not _watching(step, event.round, event.worker):
+        return
+    state, now = step.state, step.now
+    stall = state.stall
+    if stall is None or stall.round != event.round:
+        stall = state.stall = Stall(event.round, started=now, last_report=now)
+        rank = state.workers[event.worker].rank
+        step.log("debug", f"round {event.round}: rank {rank} waited {event.waited_s:.2f}s in "
+                          f"a collective; probing the round's members")
+        _probe(step, stall)
+        others = sorted(_members(step) - {event.worker})
+        if others:
+            step.emit(InspectWorkers(event.round, tuple(others)))
+    stall.last_report = now
+    stall.heard[event.worker] = now
+    stall.answered.add(event.worker)
+    stall.outside.pop(event.worker, None)
+
+
+def answered(step: Step, event: ProbeAnswered) -> None:
+    stall = step.state.stall
+    if stall is None or stall.round != event.round or not _watching(step, event.round,
+                                                                     event.worker):
+        return
+    now = step.now
+    stall.heard[event.worker] = now
+    if event.probe == stall.probe:
+        stall.answered.add(event.worker)
+    if event.in_collective:
+        stall.outside.pop(event.worker, None)
+    else:
+        stall.outside[event.worker] = now - max(0.0, event.since_s)
+    if event.cpu_s is not None:
+        seen = stall.cpu.get(event.worker)
+        if seen is None or abs(event.cpu_s - seen[0]) >= CPU_RESOLUTION_S:
+            stall.cpu[event.worker] = (event.cpu_s, now)
+
+
+def inspected(step: Step, event: ProcessesInspected) -> list[Verdict]:
+    stall = step.state.stall
+    if stall is None or stall.round != event.round:
+        return []
+    verdicts = []
+    for worker_id, view in event.views:
+        if not _watching(step, event.round, worker_id):
+            continue
+        stall.views[worker_id] = view
+        worker = step.state.workers[worker_id]
+        quiet = step.now - stall.heard.get(worker_id, stall.started)
+        if view.state is ProcessState.STOPPED:
+            verdicts.append(Verdict(worker, f"its process is {view.detail or 'stopped'}"))
+        elif view.state is ProcessState.UNREACHABLE and quiet >= PROBE_S:
+            verdicts.append(Verdict(worker, f"no heartbeat for {quiet:.1f}s, and its host "
+                                            f"does not answer ({view.detail})"))
+    return verdicts
+
+
+def probe_due(step: Step, number: int) -> list[Verdict]:
+    state, now, config = step.state, step.now, step.config
+    stall = state.stall
+    if stall is None or stall.round != number:
+        return []
+    if not _watching(step, number) or now - stall.last_report > STALL_LAPSE_S:
+        step.log("debug", f"round {number}: the stall is over")
+        state.stall = None
+        return []
+    verdicts = []
+    silent = sorted(_members(step) - stall.answered)
+    for worker_id in silent:
+        view = stall.views.get(worker_id)
+        quiet = now - stall.heard.get(worker_id, stall.started)
+        if (view is None or view.state is ProcessState.UNKNOWN) \
+                and quiet >= config.hang_timeout:
+            verdicts.append(Verdict(state.workers[worker_id], f"no heartbeat for {quiet:.1f}s"))
+    stalled_for = now - stall.started
+    for worker_id, left_at in stall.outside.items():
+        cpu = stall.cpu.get(worker_id)
+        if cpu is None or worker_id not in _members(step):
+            continue
+        outside_for, idle_for = now - left_at, now - cpu[1]
+        if min(outside_for, idle_for, stalled_for) >= config.stuck_timeout:
+            verdicts.append(Verdict(
+                state.workers[worker_id],
+                f"stuck outside collectives for {outside_for:.1f}s (its training thread used "
+                f"no CPU for {idle_for:.1f}s) while its peers waited"))
+    if verdicts:
+        return verdicts
+    if silent:
+        step.emit(InspectWorkers(number, tuple(silent)))
+    _probe(step, stall)
+    return []
+
+
+def _probe(step: Step, stall: Stall) -> None:
+    state = step.state
+    state.probe_seq += 1
+    stall.probe = state.probe_seq
+    stall.answered = set()
+    stall.interval = PROBE_S if not stall.interval else min(2 * stall.interval, PROBE_MAX_S)
+    step.emit(ProbeRound(stall.round, stall.probe))
+    step.timer(TimerKind.PROBE, step.now + stall.interval, round=stall.round)
+
+
+def _members(step: Step) -> set[str]:
+    current = step.state.round
+    workers = step.state.workers
+    return set() if current is None else {
+        wid for wid in current.member_ids if (w := workers.get(wid)) is not None and w.alive}
+
+
+def _watching(step: Step, number: int, worker_id: str | None = None) -> bool:
+    """Whether round `number` is the current, complete, unbroken round (and `worker_id`
+    one of its live members)."""
+    state = step.state
+    current = state.round
+    if not step.config.hang_detection or current is None or current.number != number \
+            or not current.complete or state.broken_round >= number \
+            or state.phase not in (JobPhase.RUNNING, JobPhase.FINISHING):
+        return False
+    if worker_id is None:
+        return True
+    worker = state.workers.get(worker_id)
+    return worker is not None and worker.alive and worker_id in current.member_ids
