@@ -57,11 +57,16 @@ def read_process_view(pid: int) -> ProcessView:
     letter = text.rpartition(")")[2].split()[:1]
     if not letter:
         return ProcessView(ProcessState.UNKNOWN, f"/proc/{pid}/stat unreadable")
-    if letter[0] in _STOPPED:
-        return ProcessView(ProcessState.STOPPED, _STOPPED[letter[0]])
-    if letter[0] in _GONE:
+    return view_of_state(letter[0])
+
+
+def view_of_state(letter: str) -> ProcessView:
+    """What the kernel's state letter of a process (/proc/PID/stat) means here."""
+    if letter in _STOPPED:
+        return ProcessView(ProcessState.STOPPED, _STOPPED[letter])
+    if letter in _GONE:
         return ProcessView(ProcessState.GONE)
-    return ProcessView(ProcessState.RUNNING, letter[0])
+    return ProcessView(ProcessState.RUNNING, letter)
 
 
 def thread_cpu_seconds(pid: int, tid: int) -> float | None:

@@ -243,6 +243,9 @@ class Agent:
                 await self._workers.start(message)
         elif isinstance(message, wire.Stop):
             self._workers.stop(message.worker, message.grace)
+        elif isinstance(message, wire.Inspect):
+            view = await self._workers.inspect(message.worker)
+            self._outbox.put(wire.Inspected(message.worker, view.state.value, view.detail))
         elif isinstance(message, wire.End):
             log.info("the job is over (exit code %d): stopping %d worker(s)", message.code,
                      len(self._workers))

@@ -16,6 +16,7 @@ from elasticrun.errors import SpawnError
 from elasticrun.launch import agent_wire as wire
 from elasticrun.launch.base import launcher_env
 from elasticrun.launch.local import LocalProcess, start_local
+from elasticrun.process_view import ProcessState, ProcessView
 from elasticrun.timed import within
 
 log = logging.getLogger("elasticrun.agent")
@@ -71,6 +72,11 @@ class AgentWorkers:
         worker = self._running.get(worker_id)
         if worker is not None:
             asyncio.get_running_loop().create_task(worker.process.stop(grace))
+
+    async def inspect(self, worker_id: str) -> ProcessView:
+        worker = self._running.get(worker_id)
+        return await worker.process.inspect() if worker is not None \
+            else ProcessView(ProcessState.GONE)
 
     async def stop_all(self, grace: float) -> None:
         """Stops every worker and waits (bounded by the grace and a few seconds) for them."""

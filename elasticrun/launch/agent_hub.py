@@ -188,7 +188,8 @@ class AgentHub:
         return [worker for worker in link.hello.workers if worker not in link.processes]
 
     async def _handle(self, link: AgentLink, message: wire.Message) -> None:
-        if isinstance(message, (wire.Started, wire.StartFailed, wire.Output, wire.Exited)):
+        if isinstance(message, (wire.Started, wire.StartFailed, wire.Output, wire.Exited,
+                                wire.Inspected)):
             process = link.processes.get(message.worker)
             if process is None:
                 return

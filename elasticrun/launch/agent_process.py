@@ -1,5 +1,6 @@
 """A worker that runs under an `elasticrun agent`, as the driver sees it: its output and
-exit come as messages on the agent's connection, and it is stopped by one."""
+exit come as messages on the agent's connection, and it is stopped, or its process state
+asked (it may be hung), by one."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from elasticrun.launch import agent_wire as wire
+from elasticrun.process_view import ProcessState, ProcessView
 from elasticrun.timed import within
 
 OUTPUT_LIMIT = 1024 * 1024  # bytes a reader buffers for one line (as in local.py)
@@ -28,6 +30,7 @@ class AgentProcess:
         self.started: asyncio.Future[str | None] = loop.create_future()  # None, or an error
         self._exit: asyncio.Future[int] = loop.create_future()
         self._ended_streams: set[str] = set()
+        self._inspected: asyncio.Future[ProcessView] | None = None  # an answer awaited
 
     async def wait(self) -> int:
         return await asyncio.shield(self._exit)
@@ -38,6 +41,15 @@ class AgentProcess:
         await self._send(wire.Stop(self.worker, max(0.0, grace_period)))
         with contextlib.suppress(asyncio.TimeoutError):
             await within(asyncio.shield(self._exit), grace_period + STOP_EXTRA_WAIT_S)
+
+    async def inspect(self) -> ProcessView:
+        """Its agent's answer (the caller bounds the wait: no answer, an unreachable host)."""
+        if self._exit.done():
+            return ProcessView(ProcessState.GONE)
+        if self._inspected is None or self._inspected.done():
+            self._inspected = asyncio.get_running_loop().create_future()
+            await self._send(wire.Inspect(self.worker))
+        return await asyncio.shield(self._inspected)
 
     # --- what the agent says about it ---------------------------------------------------------
     def heard(self, message: wire.Message) -> None:
@@ -56,6 +68,8 @@ class AgentProcess:
         elif isinstance(message, wire.Exited):
             _settle(self.started, None)
             self._end(message.code)
+        elif isinstance(message, wire.Inspected) and self._inspected is not None:
+            _settle(self._inspected, ProcessView(ProcessState(message.state), message.detail))
 
     def relink(self, send: Send) -> None:
         """Its agent reconnected: messages go on the new connection."""
@@ -72,6 +86,8 @@ class AgentProcess:
                 self._ended_streams.add(stream)
                 reader.feed_eof()
         _settle(self._exit, code)
+        if self._inspected is not None:
+            _settle(self._inspected, ProcessView(ProcessState.GONE))
 
 
 T = TypeVar("T")

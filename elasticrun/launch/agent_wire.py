@@ -7,8 +7,8 @@ a "type"; `decode` validates it completely or raises BadMessage. A worker's envi
 (which holds the job secret) travels sealed with AES-GCM under a key derived from the
 token, so that someone reading the network learns neither.
 
-agent -> driver: hello, started, start_failed, output, exited, drain, bye
-driver -> agent: welcome, refused, start, stop, end
+agent -> driver: hello, started, start_failed, output, exited, inspected, drain, bye
+driver -> agent: welcome, refused, start, stop, inspect, end
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from elasticrun.discovery.parsing import MAX_SLOTS_PER_HOST, check_host
+from elasticrun.process_view import ProcessState
 
 PATH = "/v1/agent"
 REFUSED_HEADER = "X-Elasticrun-Refused"  # why an agent's connection was refused
@@ -117,6 +118,22 @@ class Stop:
 
 
 @dataclass(frozen=True)
+class Inspect:
+    """The worker may be hung: what is its process doing (process_view.py)?"""
+
+    TYPE: ClassVar[str] = "inspect"
+    worker: str
+
+
+@dataclass(frozen=True)
+class Inspected:
+    TYPE: ClassVar[str] = "inspected"
+    worker: str
+    state: str  # a ProcessState value
+    detail: str = ""
+
+
+@dataclass(frozen=True)
 class Drain:
     """The agent was told to go (SIGTERM): its workers should leave at the next commit."""
 
@@ -139,9 +156,10 @@ class End:
 
 
 Message = (Hello | Welcome | Refused | Start | Started | StartFailed | Output | Exited | Stop
-           | Drain | Bye | End)
+           | Inspect | Inspected | Drain | Bye | End)
 _TYPES: dict[str, type[Any]] = {cls.TYPE: cls for cls in (
-    Hello, Welcome, Refused, Start, Started, StartFailed, Output, Exited, Stop, Drain, Bye, End)}
+    Hello, Welcome, Refused, Start, Started, StartFailed, Output, Exited, Stop, Inspect,
+    Inspected, Drain, Bye, End)}
 
 
 def encode(message: Message) -> str:
@@ -214,6 +232,9 @@ def _validate(message: Message) -> None:
             raise BadMessage("output: chunk too large")
     elif isinstance(message, Stop) and not 0 <= message.grace <= 3600:
         raise BadMessage("stop: 'grace' must be 0..3600 seconds")
+    elif isinstance(message, Inspected) and (
+            message.state not in {s.value for s in ProcessState} or len(message.detail) > 200):
+        raise BadMessage("inspected: 'state' must be a process state, 'detail' short")
 
 
 def output_chunk(worker: str, stream: str, data: bytes) -> Output:

@@ -9,26 +9,23 @@ The bootstrap runs the command as the leader of a new session and watches its st
 "stop" line, EOF on stdin (the channel or the whole connection closed, e.g. because the
 driver died) or a SIGTERM/SIGHUP/SIGINT to the bootstrap itself sends SIGTERM to the
 command's process group and SIGKILL after the grace period, so no remote orphans remain.
-
-Exit codes: the channel carries a plain exit status, so a remote command killed by signal
-N is reported as 128+N (e.g. 143 for SIGTERM), the shell convention. A connection lost
-before the remote exit status arrived is reported as 255, as OpenSSH's `ssh` does.
+A worker as seen through its channel (output, exit status, its host's probe) is an
+SSHProcess (ssh_process.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import paramiko
 
+from elasticrun import protocol
 from elasticrun.errors import SpawnError
 from elasticrun.launch.base import WorkerSpec
 from elasticrun.launch.bootstrap import remote_command
@@ -41,101 +38,13 @@ from elasticrun.launch.ssh_connect import (
     _resolve,
     _Target,
 )
-from elasticrun.timed import within
+from elasticrun.launch.ssh_process import SSHProcess
 
 __all__ = ["SSHLauncher", "SSHProcess", "SSHSettings"]
 
 log = logging.getLogger("elasticrun.launch.ssh")
 
-OUTPUT_LIMIT = 1024 * 1024  # bytes a reader buffers for one line (as in local.py)
-READ_CHUNK = 32 * 1024
-EXIT_CONNECTION_LOST = 255  # no exit status arrived: the connection or the bootstrap died
-STOP_EXTRA_WAIT_S = 5.0  # after the grace period, before the channel is closed
-OUTPUT_DRAIN_S = 2.0  # after the exit status, for output still in flight
 MAX_CONNECT_THREADS = 32
-
-
-# --- workers --------------------------------------------------------------------------------
-
-
-class SSHProcess:
-    """A remote worker: output and exit status come from its SSH channel."""
-
-    def __init__(self, channel: paramiko.Channel, host: str) -> None:
-        self.channel = channel
-        self.host = host
-        self.stdout = asyncio.StreamReader(limit=OUTPUT_LIMIT)
-        self.stderr = asyncio.StreamReader(limit=OUTPUT_LIMIT)
-        self._loop = asyncio.get_running_loop()
-        self._exit: asyncio.Future[int] = self._loop.create_future()
-        self._pumps = [
-            _thread(f"ssh-stdout-{host}", self._pump, channel.recv, self.stdout),
-            _thread(f"ssh-stderr-{host}", self._pump, channel.recv_stderr, self.stderr),
-        ]
-        _thread(f"ssh-wait-{host}", self._wait_for_exit)
-
-    @property
-    def returncode(self) -> int | None:
-        return self._exit.result() if self._exit.done() else None
-
-    async def wait(self) -> int:
-        """The remote exit code: 128+N for a remote death by signal N, 255 if the
-        connection was lost first."""
-        return await asyncio.shield(self._exit)
-
-    async def stop(self, grace_period: float) -> None:
-        if not self._exit.done():
-            grace = max(0.0, grace_period)
-            await asyncio.to_thread(self._send, f"stop {grace:g}\n".encode())
-            with contextlib.suppress(asyncio.TimeoutError):
-                await within(asyncio.shield(self._exit), grace + STOP_EXTRA_WAIT_S)
-        # A closed channel ends the bootstrap's stdin: it kills whatever is left, at once.
-        await asyncio.to_thread(self.channel.close)
-
-    def _send(self, data: bytes) -> None:
-        with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
-            self.channel.sendall(data)
-
-    def _pump(self, recv: Any, reader: asyncio.StreamReader) -> None:
-        """Thread: one channel stream into one reader, until EOF."""
-        while True:
-            try:
-                data = recv(READ_CHUNK)
-            except (OSError, EOFError, paramiko.SSHException):
-                data = b""
-            if not data:
-                break
-            if not self._call(reader.feed_data, data):
-                return
-        self._call(reader.feed_eof)
-
-    def _wait_for_exit(self) -> None:
-        """Thread: the exit status (or the channel's end), then the channel is closed."""
-        self.channel.recv_exit_status()
-        status = self.channel.exit_status
-        # Output still in flight arrives before the channel closes; a process that escaped
-        # the bootstrap's process group must not hold the readers open forever.
-        for pump in self._pumps:
-            pump.join(OUTPUT_DRAIN_S)
-        self.channel.close()
-        self._call(self._set_exit, status if status >= 0 else EXIT_CONNECTION_LOST)
-
-    def _set_exit(self, code: int) -> None:
-        if not self._exit.done():
-            self._exit.set_result(code)
-
-    def _call(self, fn: Any, *args: Any) -> bool:
-        try:
-            self._loop.call_soon_threadsafe(fn, *args)
-            return True
-        except RuntimeError:  # the event loop is closed: nobody listens any more
-            return False
-
-
-def _thread(name: str, target: Any, *args: Any) -> threading.Thread:
-    thread = threading.Thread(target=target, args=args, name=name, daemon=True)
-    thread.start()
-    return thread
 
 
 class _HostConnections:
@@ -244,7 +153,8 @@ class SSHLauncher:
         except asyncio.CancelledError:
             future.add_done_callback(_close_channel)
             raise
-        return SSHProcess(channel, host)
+        return SSHProcess(channel, host, env.get(protocol.ENV_WORKER_ID, ""),
+                          self.settings.python, self._executor)
 
     async def close(self) -> None:
         """Closes every connection; remote workers still running are killed by their bootstrap."""

@@ -89,3 +89,24 @@ def test_a_driver_silent_for_less_than_the_grace_loses_nothing(
     for host in ("a1", "a2"):
         assert job.wait_agent(host) == 0, job.agent_log(host)
     job.close()
+
+
+def test_a_stopped_worker_under_an_agent_is_found_by_asking_its_agent(
+        tmp_path: Path, jobs: list[AgentJob]) -> None:
+    """Rank 1 stops itself: its agent answers the driver's question with its process
+    state, the worker is killed there, and the job goes on at size 1."""
+    env = train_env(tmp_path / "logs", tmp_path / "progress", faults="5:1:sigstop")
+    job = AgentJob(tmp_path, ["-np", "2", "--min-np", "1", *COMMON, *TRAIN], env)
+    jobs.append(job)
+    job.start_agent("a1", 1)
+    job.start_agent("a2", 1)
+    result = job.finish()
+    views = check_job(result.records, samples=64, epochs=3)
+    assert [v.size for v in views] == [2, 1]
+    fault = next(r for r in result.records if r["event"] == "fault")
+    assert f"rank 1 on host {fault['host']} hung: its process is stopped (SIGSTOP)" \
+        in result.stderr, result.stderr
+    resumed = min(r["time"] for r in result.records
+                  if r["event"] == "step" and r["round"] == views[-1].number)
+    assert resumed - fault["time"] < 15.0
+    job.close()

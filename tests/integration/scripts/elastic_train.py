@@ -6,8 +6,12 @@ Every process appends JSON lines to $LOG_DIR/<pid>.jsonl:
   {"event": "step", ...}    after each successful commit: epoch, step, this rank's indices, hash
   {"event": "final", ...}   at the end: step, hash
   {"event": "restore", ...} when it rolls back to the last commit
-Faults (env): FAULTS="STEP:RANK:MODE,..." with MODE exception|sigkill|exit; each fires
-once per job, at the start of step STEP on the worker that is then rank RANK. A file
+Faults (env): FAULTS="STEP:RANK:MODE,..." with MODE exception|sigkill|exit|sigstop (it
+stops itself), pause=S (its training thread sleeps S seconds), gil=S (it holds the GIL for
+about S seconds, as a long GC pause does) or hang (its training thread waits forever, a
+deadlock outside collectives); each fires once per job, at the start of step STEP on the
+worker that is then rank RANK. TRAIN_SLOW_RANK=R: rank R's steps take 3x as long as
+they would (it sleeps twice a step's time after it). A file
 $LOG_DIR/raise-<pid> makes worker <pid> raise at its next step (and is removed).
 TRAIN_STOP_FILE: when it exists at the end of an epoch, training stops there.
 Rank 0 writes [committed step, world size] to $PROGRESS_FILE for discovery scripts.
@@ -24,6 +28,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 
 STARTED = time.time()  # the process's start, before torch's import (the "start" record's "at")
@@ -38,6 +43,7 @@ EPOCHS = int(os.environ.get("TRAIN_EPOCHS", "3"))
 SAMPLES = int(os.environ.get("TRAIN_SAMPLES", "64"))
 BATCH = int(os.environ.get("TRAIN_BATCH", "4"))
 STEP_SLEEP = float(os.environ.get("TRAIN_STEP_SLEEP", "0"))
+SLOW_RANK = int(os.environ.get("TRAIN_SLOW_RANK", "-1"))
 # Steps are slower while the world is smaller than this, so that a scale-up (whose new
 # workers start while training goes on) arrives before the job ends.
 SLOW_BELOW = int(os.environ.get("TRAIN_SLOW_BELOW", "0"))
@@ -84,7 +90,28 @@ def maybe_fault(step: int) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         if mode == "exit":
             os._exit(3)
+        if mode == "sigstop":
+            os.kill(os.getpid(), signal.SIGSTOP)
+            return
+        if mode == "hang":
+            threading.Event().wait()
+        if mode.startswith("pause="):
+            time.sleep(float(mode.partition("=")[2]))
+            return
+        if mode.startswith("gil="):
+            hold_gil(float(mode.partition("=")[2]))
+            return
         raise ValueError(f"injected fault at step {step}")
+
+
+def hold_gil(seconds: float) -> None:
+    """One C call that never lets the GIL go (sum over a range), sized to last `seconds`."""
+    started = time.perf_counter()
+    sum(range(1_000_000))
+    per_item = (time.perf_counter() - started) / 1_000_000
+    started = time.perf_counter()
+    sum(range(int(seconds / per_item)))
+    log("held_gil", seconds=time.perf_counter() - started)
 
 
 class LoggedState(er.elastic.TorchState):
@@ -135,6 +162,7 @@ def main() -> None:
         loader = DataLoader(dataset, batch_size=BATCH, sampler=state.sampler)
         while state.epoch < EPOCHS:
             for batch_idx, (indices, x, y) in enumerate(loader):
+                started = time.monotonic()
                 maybe_fault(state.step + 1)
                 # What this rank feeds into the step, logged before its gradient joins the
                 # allreduce: if the step is kept, every rank's gradient made it in, even from
@@ -161,6 +189,8 @@ def main() -> None:
                     time.sleep(0.2)
                 elif STEP_SLEEP:
                     time.sleep(STEP_SLEEP)
+                if er.rank() == SLOW_RANK:
+                    time.sleep(2 * (time.monotonic() - started))  # 3x as long
             state.epoch += 1
             state.sampler.set_epoch(state.epoch)
             state.commit()

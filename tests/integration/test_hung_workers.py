@@ -1,0 +1,122 @@
+"""Hung workers are found in seconds, not at the collective timeout; slow ones never.
+
+A worker that stops (SIGSTOP), a host whose workers all stop, a training thread stuck
+outside collectives: the survivors go on without it, the hung processes are killed, and the
+job ends with every sample trained exactly once and bitwise-equal ranks. A worker 3x slower
+than its peers, a 10 s step, a 5 s pause, a 3 s GC-like hold of the GIL: never failed.
+(The real targets, p50/p99 over many trials, are the recovery benchmark's.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+from tests.integration.harness import (
+    PYTHON,
+    SCRIPTS,
+    JobResult,
+    assert_no_orphans,
+    read_records,
+    start_job,
+)
+from tests.integration.progress import check_job
+
+TRAIN = str(SCRIPTS / "elastic_train.py")
+RESUMED_WITHIN_S = 15.0  # loose: a loaded machine; the benchmark holds the real target
+
+
+def run(tmp_path: Path, args: list[str], env: dict[str, str], *,
+        stop_host: str | None = None, timeout: float = 150) -> tuple[JobResult, list[dict]]:
+    """Runs the job; with `stop_host`, SIGSTOPs that host's workers once rank 0 has
+    committed step 3."""
+    progress = tmp_path / "progress"
+    env = {"LOG_DIR": str(tmp_path), "PROGRESS_FILE": str(progress), **env}
+    started = time.monotonic()
+    proc, tag = start_job([*args, PYTHON, TRAIN], env)
+    stopped: list[int] = []
+    try:
+        if stop_host is not None:
+            deadline = time.monotonic() + 90
+            while not (progress.exists() and json.loads(progress.read_text() or "[0]")[0] >= 3):
+                assert proc.poll() is None and time.monotonic() < deadline, "no progress"
+                time.sleep(0.05)
+            stopped = [r["pid"] for r in read_records(tmp_path)
+                       if r["event"] == "round" and r["host"] == stop_host]
+            for pid in stopped:
+                os.kill(pid, signal.SIGSTOP)
+            (tmp_path / "stopped_at").write_text(str(time.time()))
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    result = JobResult(proc.returncode, out, err, time.monotonic() - started, time.time(), tag)
+    assert result.returncode == 0, err[-3000:]
+    assert_no_orphans(tag)
+    return result, list(read_records(tmp_path))
+
+
+def resumed_after(records: list[dict], moment: float) -> float:
+    last = max(r["round"] for r in records if r["event"] == "step")
+    return min(r["time"] for r in records if r["event"] == "step" and r["round"] == last) \
+        - moment
+
+
+def fault_time(records: list[dict], mode: str) -> float:
+    return next(r["time"] for r in records if r["event"] == "fault" and r["mode"] == mode)
+
+
+def test_a_stopped_worker_is_found_in_seconds_and_killed(tmp_path: Path) -> None:
+    env = {"TRAIN_SAMPLES": "128", "TRAIN_EPOCHS": "2", "TRAIN_BATCH": "4",
+           "TRAIN_STEP_SLEEP": "0.02", "FAULTS": "6:3:sigstop"}
+    result, records = run(tmp_path, ["-H", "localhost:2,127.0.0.1:2", "--min-np", "2"], env)
+    views = check_job(records, samples=128, epochs=2)
+    assert [v.size for v in views] == [4, 2]
+    assert "rank 3 on host 127.0.0.1 hung: its process is stopped (SIGSTOP)" in result.stderr
+    assert resumed_after(records, fault_time(records, "sigstop")) < RESUMED_WITHIN_S
+
+
+def test_a_hosts_workers_stopped_together_are_found(tmp_path: Path) -> None:
+    env = {"TRAIN_SAMPLES": "128", "TRAIN_EPOCHS": "2", "TRAIN_BATCH": "4",
+           "TRAIN_STEP_SLEEP": "0.05"}
+    result, records = run(tmp_path, ["-H", "localhost:2,127.0.0.1:2", "--min-np", "2"], env,
+                          stop_host="127.0.0.1")
+    views = check_job(records, samples=128, epochs=2)
+    assert [v.size for v in views] == [4, 2]
+    assert set(views[-1].hosts_by_rank.values()) == {"localhost"}
+    assert "on host 127.0.0.1 hung: its process is stopped (SIGSTOP)" in result.stderr
+    stopped_at = float((tmp_path / "stopped_at").read_text())
+    assert resumed_after(records, stopped_at) < RESUMED_WITHIN_S
+
+
+def test_a_training_thread_stuck_outside_collectives_is_failed_after_the_stuck_timeout(
+        tmp_path: Path) -> None:
+    env = {"TRAIN_SAMPLES": "96", "TRAIN_EPOCHS": "2", "TRAIN_BATCH": "4",
+           "TRAIN_STEP_SLEEP": "0.02", "FAULTS": "6:2:hang"}
+    result, records = run(tmp_path, ["-H", "localhost:2,127.0.0.1:1", "--min-np", "2",
+                                     "--stuck-timeout", "3"], env)
+    views = check_job(records, samples=96, epochs=2)
+    assert [v.size for v in views] == [3, 2]
+    line = next(line for line in result.stderr.splitlines() if "hung" in line)
+    assert "rank 2 on host 127.0.0.1 hung: stuck outside collectives for " in line, line
+    waited = resumed_after(records, fault_time(records, "hang"))
+    assert 3.0 <= waited < 3.0 + RESUMED_WITHIN_S
+
+
+def test_slow_workers_are_never_failed(tmp_path: Path) -> None:
+    """In one job: rank 2 always 3x slower than its peers; a 10 s step and a 5 s pause in
+    others; a 3 s hold of the GIL (a GC pause: the worker's watcher cannot answer, but its
+    process runs). Stalls are reported and the members probed, and nobody is failed."""
+    env = {"TRAIN_SAMPLES": "96", "TRAIN_EPOCHS": "2", "TRAIN_BATCH": "4",
+           "TRAIN_STEP_SLEEP": "0.05", "TRAIN_SLOW_RANK": "2",
+           "FAULTS": "2:0:pause=10,8:1:pause=5,14:1:gil=3"}
+    result, records = run(tmp_path, ["-np", "3", "--log-level", "DEBUG"], env)
+    views = check_job(records, samples=96, epochs=2)
+    assert [v.size for v in views] == [3]
+    assert "hung" not in result.stderr and "failed" not in result.stderr
+    assert "probing the round's members" in result.stderr  # the stalls were seen
+    held = next(r["seconds"] for r in records if r["event"] == "held_gil")
+    assert held >= 2.0, f"the GIL was held {held:.1f}s only: the test proves nothing"
