@@ -2,9 +2,11 @@
 faults at random moments, then checks that nothing was lost.
 
 Faults: SIGKILL of a worker, an exception in a worker, SIGSTOP of a worker (a hang, found
-by the collective timeout), removal and return of hosts through discovery, and a
-discovery script that fails or hangs for a while. After each fault the runner waits until
-training has moved on, so every fault counts only if the job survived it.
+by hang detection), removal and return of hosts through discovery, and a discovery
+script that fails or hangs for a while. After each fault the runner waits until training
+has moved on (3 steps), so every fault counts only if the job survived it; that wait is
+the fault's recovery time, reported by kind. CHAOS_HANG_DETECTION=0 runs the job as it
+ran before hang detection (--no-hang-detection --collective-timeout 4), for comparison.
 
 Used by tests/chaos/test_chaos.py (a short CI run, and the long mode by hand:
 CHAOS_FAULTS=100 python -m pytest tests/chaos -s).
@@ -30,7 +32,8 @@ KINDS = {  # fault -> weight
     "discovery_fails": 1, "discovery_hangs": 1,
 }
 MIN_NP = 2
-COLLECTIVE_TIMEOUT_S = 4
+# Without hang detection, a SIGSTOP is found by the collective timeout: kept short then.
+WITHOUT_HANG_DETECTION = ["--no-hang-detection", "--collective-timeout", "4"]
 RECOVERY_TIMEOUT_S = 120.0
 
 DISCOVERY = f"""#!{PYTHON}
@@ -50,6 +53,7 @@ for host, slots in json.loads((here / "hosts.json").read_text()).items():
 class ChaosReport:
     seed: int
     injected: list[tuple[float, str, str]] = field(default_factory=list)
+    recovered_s: list[float] = field(default_factory=list)  # per fault: until 3 steps later
     driver_rss_kb: list[int] = field(default_factory=list)
     returncode: int | None = None
     stdout: str = ""
@@ -66,13 +70,22 @@ class ChaosReport:
         grown = (rss[-1] - rss[0]) / 1024 if len(rss) > 1 else 0.0
         return (f"seed {self.seed}: {len(self.injected)} faults survived ({kinds}) in "
                 f"{self.duration_s:.0f}s; driver RSS {rss[0] / 1024 if rss else 0:.1f} -> "
-                f"{rss[-1] / 1024 if rss else 0:.1f} MiB ({grown:+.1f} MiB)")
+                f"{rss[-1] / 1024 if rss else 0:.1f} MiB ({grown:+.1f} MiB); recovery "
+                f"(until 3 more steps), median by kind: {self.recoveries()}")
+
+    def recoveries(self) -> str:
+        by_kind: dict[str, list[float]] = {}
+        for (_, kind, _), seconds in zip(self.injected, self.recovered_s, strict=False):
+            by_kind.setdefault(kind, []).append(seconds)
+        return ", ".join(f"{kind} {sorted(times)[len(times) // 2]:.1f}s"
+                         for kind, times in sorted(by_kind.items()))
 
 
 class Chaos:
     def __init__(self, workdir: Path, seed: int, ssh_hosts: list[str],
-                 extra_env: dict[str, str] | None = None) -> None:
+                 extra_env: dict[str, str] | None = None, hang_detection: bool = True) -> None:
         self.dir = workdir
+        self.hang_flags = [] if hang_detection else WITHOUT_HANG_DETECTION
         self.rng = random.Random(seed)
         self.report = ChaosReport(seed)
         self.all_hosts = {"localhost": 2, "127.0.0.1": 2, "127.0.0.2": 1,
@@ -102,8 +115,8 @@ class Chaos:
         self.proc, self.tag = start_job([
             "-np", "4", "--min-np", str(MIN_NP), "--max-np", "6",
             "--host-discovery-script", str(script), "--discovery-interval", "0.5",
-            "--discovery-timeout", "2", "--collective-timeout", str(COLLECTIVE_TIMEOUT_S),
-            "--start-timeout", "60", "--blacklist-cooldown-range", "2", "4",
+            "--discovery-timeout", "2", *self.hang_flags, "--start-timeout", "60",
+            "--blacklist-cooldown-range", "2", "4",
             PYTHON, str(SCRIPTS / "elastic_train.py")], env)
         # Drain the job's output as it comes: a full pipe would block the driver.
         self._out: list[str] = []
@@ -121,8 +134,10 @@ class Chaos:
             for _ in range(faults):
                 step = self._step()
                 kind, detail = self._inject()
-                self.report.injected.append((time.monotonic() - self.started, kind, detail))
+                injected = time.monotonic()
+                self.report.injected.append((injected - self.started, kind, detail))
                 self._wait_progress(after=step, steps=3)
+                self.report.recovered_s.append(time.monotonic() - injected)
                 self.report.driver_rss_kb.append(_rss_kb(self.proc.pid))
             self.listed = dict(self.all_hosts)  # end healthy: every host, discovery working
             self._write_hosts()

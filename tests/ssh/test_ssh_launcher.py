@@ -439,3 +439,23 @@ async def test_ssh_config_proxy_command(
         assert await wait_code(proc) == 0
     finally:
         await spawner.close()
+
+
+# --- asking the host what a worker's process does (hang detection) ----------------------
+
+
+async def test_inspect_tells_running_stopped_and_gone(
+    spawner: SSHLauncher, env: dict[str, str], tmp_path: Path, tag: str
+) -> None:
+    from elasticrun.process_view import ProcessState
+
+    env["ELASTICRUN_WORKER_ID"] = "w-inspect"
+    proc = await spawn_ready(spawner, "echo ready; exec sleep 60", env, tmp_path)
+    assert (await proc.inspect()).state is ProcessState.RUNNING
+    [pid] = tagged_pids(tag)
+    os.kill(pid, signal.SIGSTOP)
+    view = await proc.inspect()
+    assert (view.state, view.detail) == (ProcessState.STOPPED, "stopped (SIGSTOP)")
+    os.kill(pid, signal.SIGKILL)
+    assert await wait_code(proc) == 128 + signal.SIGKILL
+    assert (await proc.inspect()).state is ProcessState.GONE

@@ -171,3 +171,29 @@ def test_reports_of_another_round_or_from_a_non_member_are_ignored() -> None:
 def test_no_hang_detection_ignores_stalls() -> None:
     sim, members = running(hang_detection=False)
     assert stall(sim, members[0]) == [] and sim.state.stall is None
+
+
+def test_a_member_that_hangs_during_a_lasting_stall_is_looked_at_within_the_backoff() -> None:
+    """The round has been stalled by a slow peer for a while (probes backed off) when a
+    member stops: it is asked about at the next probe, and found stopped, not judged by
+    its silence alone."""
+    sim, members = running(hang_timeout=1.0)
+    stall(sim, members[0])
+    for _ in range(10):  # 10 s of a stall everybody answers
+        for worker in members:
+            answer(sim, worker)
+        stall(sim, members[0])
+        sim.advance(1.0)
+    stopped_at = sim.now
+    asked: list[ev.InspectWorkers] = []
+    while not asked:
+        for worker in members[:3]:
+            answer(sim, worker)
+        stall(sim, members[0])
+        actions = sim.advance(0.25)
+        assert not failed(actions)  # silent, but its host not asked yet: no verdict
+        asked = of(ev.InspectWorkers, actions)
+    assert asked == [ev.InspectWorkers(1, (members[3].id,))]
+    assert sim.now - stopped_at <= PROBE_MAX_S + PROBE_S
+    assert failed(inspect(sim, (members[3], STOPPED))) == [
+        "rank 3 on host b hung: its process is stopped (SIGSTOP)"]

@@ -33,7 +33,9 @@ from elasticrun.driver.rounds.step import Step
 from elasticrun.process_view import ProcessState
 
 PROBE_S = 0.5  # how long members get to answer a probe before silent ones are looked at
-PROBE_MAX_S = 4.0  # a lasting stall's probes back off to one every this many seconds
+# A lasting stall's probes back off to one every this many seconds: a member that hangs
+# while its round is already stalled (by a slow peer) is looked at within about this long.
+PROBE_MAX_S = 2.0
 # Stalled members repeat their report every second (worker/liveness.py): none for this
 # long, and the stall is over.
 STALL_LAPSE_S = 2.5
@@ -95,6 +97,9 @@ def inspected(step: Step, event: ProcessesInspected) -> list[Verdict]:
             continue
         stall.views[worker_id] = view
         worker = step.state.workers[worker_id]
+        if view.state is not ProcessState.RUNNING:
+            step.log("debug", f"round {event.round}: host {worker.slot.host} says rank "
+                              f"{worker.rank} is {view.state.value} ({view.detail})")
         quiet = step.now - stall.heard.get(worker_id, stall.started)
         if view.state is ProcessState.STOPPED:
             verdicts.append(Verdict(worker, f"its process is {view.detail or 'stopped'}"))
@@ -118,8 +123,8 @@ def probe_due(step: Step, number: int) -> list[Verdict]:
     for worker_id in silent:
         view = stall.views.get(worker_id)
         quiet = now - stall.heard.get(worker_id, stall.started)
-        if (view is None or view.state is ProcessState.UNKNOWN) \
-                and quiet >= config.hang_timeout:
+        if view is not None and view.state is ProcessState.UNKNOWN \
+                and quiet >= config.hang_timeout:  # its host was asked, and cannot tell
             verdicts.append(Verdict(state.workers[worker_id], f"no heartbeat for {quiet:.1f}s"))
     stalled_for = now - stall.started
     for worker_id, left_at in stall.outside.items():
