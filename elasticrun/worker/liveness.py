@@ -3,10 +3,14 @@
 `CollectiveClock` notes when the training thread enters and leaves each collective (two
 clock reads) and how long collectives usually wait. A wait far longer than usual (4x, and
 at least a quarter second) means a peer may be hung: `StallReporter`, a thread of its own,
-tells the driver so, and again every second while the wait lasts. The driver then probes the
-round's members; each member's notice watcher answers with `CollectiveClock.snapshot()`:
-whether its training thread is in a collective, since when, and how much CPU it has used
-(a thread stuck outside collectives uses none). See driver/rounds/liveness.py.
+tells the driver so, and again every second while the wait lasts. When a round stalls,
+all its members wait at once: only a few of them (every stride-th rank, at most about 8)
+report at that bound; the others report at three times it, and only if the driver has not
+begun probing the round meanwhile, so a stall of 4,096 workers costs the driver a handful
+of reports (and still one, should every designated reporter be the hung one). Each
+member's notice watcher answers a probe with `CollectiveClock.snapshot()`: whether its
+training thread is in a collective, since when, and how much CPU it has used (a thread
+stuck outside collectives uses none). See driver/rounds/liveness.py.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from elasticrun import protocol
@@ -27,6 +32,8 @@ STALL_MIN_S = 0.25  # a wait shorter than this is never a stall
 STALL_FACTOR = 4.0  # ... nor one shorter than this many usual waits
 STALL_REPEAT_S = 1.0  # a lasting stall is reported again this often (the driver's lapse: 2.5 s)
 USUAL_WEIGHT = 0.2  # how much each completed wait moves the usual wait
+REPORTERS = 8  # about this many members of a round report its stalls at once
+LATE_FACTOR = 3.0  # the others wait this many bounds, and report if nobody probes
 
 
 class CollectiveClock:
@@ -101,18 +108,33 @@ class StallReporter:
 
 
 class StallWatch:
-    """The clock and the reporter of one worker, as a round's waits use them."""
+    """The clock and the reporter of one worker, as a round's waits use them.
+    `probed(round, since)`: whether the driver has probed `round` since that moment."""
 
-    def __init__(self, clock: CollectiveClock, reporter: StallReporter | None) -> None:
+    def __init__(self, clock: CollectiveClock, reporter: StallReporter | None,
+                 probed: Callable[[int, float], bool] = lambda number, since: False) -> None:
         self.clock = clock
         self._reporter = reporter
+        self._probed = probed
 
-    def report(self, round_number: int, waited_s: float) -> None:
-        if self._reporter is not None:
+    def stall_after(self, rank: int, size: int) -> tuple[float, bool]:
+        """How long this worker's wait may last before it reports it, and whether it is
+        one of the round's designated reporters."""
+        designated = rank % max(1, size // REPORTERS) == 0
+        bound = self.clock.stall_after()
+        return (bound, True) if designated else (LATE_FACTOR * bound, False)
+
+    def report(self, round_number: int, waited_s: float, designated: bool,
+               waiting_since: float) -> None:
+        if self._reporter is None:
+            return
+        if designated or not self._probed(round_number, waiting_since):
             self._reporter.stalled(round_number, waited_s)
 
 
-def watch_stalls(client: DriverClient, worker_id: str) -> StallWatch:
+def watch_stalls(client: DriverClient, worker_id: str,
+                 probed: Callable[[int, float], bool]) -> StallWatch:
     """A launched worker's watch; it reports nothing with --no-hang-detection."""
     reports = os.environ.get(protocol.ENV_HANG_DETECTION, "1") != "0"
-    return StallWatch(CollectiveClock(), StallReporter(client, worker_id) if reports else None)
+    return StallWatch(CollectiveClock(), StallReporter(client, worker_id) if reports else None,
+                      probed)

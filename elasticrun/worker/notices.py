@@ -44,6 +44,7 @@ class NoticeWatcher:
         self._liveness = liveness  # what this worker says when a stalled round is probed
         self._probe = 0  # the newest probe of a stalled round the driver asked
         self._answered = 0  # the newest probe this watcher answered
+        self._probed_at = (0, 0.0)  # (round, time.monotonic()) of the newest probe
         self._current_round = current_round
         self._on_round_broken = on_round_broken
         self._on_driver_lost = on_driver_lost
@@ -68,6 +69,11 @@ class NoticeWatcher:
     def broken_round(self) -> int:
         """The highest round the driver has said broke (0: none yet)."""
         return self._handled_broken
+
+    def probed(self, round_number: int, since: float) -> bool:
+        """Whether the driver probed round `round_number` after `since` (time.monotonic())."""
+        number, at = self._probed_at
+        return number == round_number and at >= since
 
     def start(self) -> None:
         self._thread.start()
@@ -95,7 +101,10 @@ class NoticeWatcher:
                                                           reply.get("notices", ()))
                                  if notice.seq > self._latest)
             self._latest = max(self._latest, int(reply["seq"]))
-            self._probe = max(self._probe, int(reply.get("probe", 0)))
+            probe = int(reply.get("probe", 0))
+            if probe > self._probe:
+                self._probe = probe
+                self._probed_at = (watched, time.monotonic())
             broken = int(reply.get("broken_round", 0))
             if broken >= watched:
                 self._handled_broken = broken

@@ -1,9 +1,10 @@
 """Pure: finding a hung member of a round in seconds, never a merely slow one.
 
 Nothing is exchanged while collectives flow. A member that waits in a collective far longer
-than its collectives take reports a stall; the round's members are then probed (their
-notice watchers, threads that do not train, answer at once) and their hosts are asked
-what the processes are doing. A member is hung when:
+than its collectives take reports a stall (a few designated members do, worker/liveness.py);
+the round's members are then probed (their notice watchers, threads that do not train,
+answer at once) and their hosts are asked what the processes are doing. The stall lasts
+while reports, or answers from inside a collective, keep coming. A member is hung when:
 - its host says its process is stopped (SIGSTOP, a tracer): it can do nothing, ever;
 - its host does not answer, and neither has it since the stall began (a frozen host, a
   cut link);
@@ -35,7 +36,12 @@ from elasticrun.process_view import ProcessState
 PROBE_S = 0.5  # how long members get to answer a probe before silent ones are looked at
 # A lasting stall's probes back off to one every this many seconds: a member that hangs
 # while its round is already stalled (by a slow peer) is looked at within about this long.
+# In large rounds, to at least PROBE_PER_MEMBER_S a member: every probe costs the driver
+# an answer from each member (about 0.25 ms), so a lasting stall of 4,096 members costs it
+# about a tenth of a core.
 PROBE_MAX_S = 2.0
+PROBE_PER_MEMBER_S = 0.0025
+WAITING_S = 0.25  # an answer from inside a collective this long: the stall goes on
 # Stalled members repeat their report every second (worker/liveness.py): none for this
 # long, and the stall is over.
 STALL_LAPSE_S = 2.5
@@ -79,6 +85,8 @@ def answered(step: Step, event: ProbeAnswered) -> None:
         stall.answered.add(event.worker)
     if event.in_collective:
         stall.outside.pop(event.worker, None)
+        if event.since_s >= WAITING_S:
+            stall.last_report = now
     else:
         stall.outside[event.worker] = now - max(0.0, event.since_s)
     if event.cpu_s is not None:
@@ -150,7 +158,8 @@ def _probe(step: Step, stall: Stall) -> None:
     state.probe_seq += 1
     stall.probe = state.probe_seq
     stall.answered = set()
-    stall.interval = PROBE_S if not stall.interval else min(2 * stall.interval, PROBE_MAX_S)
+    longest = max(PROBE_MAX_S, PROBE_PER_MEMBER_S * len(_members(step)))
+    stall.interval = PROBE_S if not stall.interval else min(2 * stall.interval, longest)
     step.emit(ProbeRound(stall.round, stall.probe))
     step.timer(TimerKind.PROBE, step.now + stall.interval, round=stall.round)
 

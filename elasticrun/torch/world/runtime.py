@@ -122,10 +122,12 @@ class Runtime:
             interface = interface_towards(*self.driver_peer)
             if interface:  # the interface that reaches the driver reaches the peers too
                 os.environ["GLOO_SOCKET_IFNAME"] = interface
-        self.stall_watch = watch = watch_stalls(self.client, self.worker_id)
-        self.notices = NoticeWatcher(self.client, lambda: self.round, self._round_broken,
-                                     lambda reason: stop_for_good(self.slot.rank, reason),
-                                     self.worker_id, watch.clock.snapshot)
+        self.stall_watch = watch = watch_stalls(
+            self.client, self.worker_id, lambda *probe: notices.probed(*probe))
+        self.notices = notices = NoticeWatcher(
+            self.client, lambda: self.round, self._round_broken,
+            lambda reason: stop_for_good(self.slot.rank, reason), self.worker_id,
+            watch.clock.snapshot)
         self._join(last_round=0, failure="", committed=False)
         self.notices.start()
 

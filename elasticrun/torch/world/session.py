@@ -174,18 +174,16 @@ class RoundSession:
             wait_abortably(work, lambda: self._aborted, bound, self.number)
             return
         clock = watch.clock
+        after, designated = watch.stall_after(self.slot.rank, self.slot.size)
         entered = clock.enter()
         completed = False
         try:
             wait_abortably(work, lambda: self._aborted, bound, self.number,
-                           (clock.stall_after(), self._report_stall))
+                           (after, lambda waited: watch.report(self.number, waited,
+                                                               designated, entered)))
             completed = True
         finally:
             clock.leave(entered, completed)
-
-    def _report_stall(self, waited_s: float) -> None:
-        assert self.stall_watch is not None
-        self.stall_watch.report(self.number, waited_s)
 
     def abort(self) -> int:
         """Cuts the round's connections, releases every `wait()` and aborts the NCCL
