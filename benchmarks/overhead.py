@@ -8,6 +8,8 @@ median over windows of 10 steps); the commit cost is the measured duration of
 `state.commit()` itself, for 1M, 10M and 50M parameters (BENCH_OVERHEAD_SIZES, e.g.
 "1e6", picks some). Targets: at least 0.95x DDP's throughput committing every 10 steps, and
 committing every step at least 0.95x the throughput of never committing, at 1M parameters.
+Hang detection's steady-state cost: commit/10 with it (the default) against commit/10 with
+--no-hang-detection, trial by trial (target: under 1% of the step time).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from benchlib import (
 
 WARMUP_STEPS = 5
 WINDOW = 10
-CONFIGS = ("ddp", "commit_never", "commit_10", "commit_1")
+CONFIGS = ("ddp", "commit_never", "commit_10", "commit_1", "commit_10_no_hang_detection")
 
 
 def _throughput(out: Path) -> dict[str, float]:
@@ -51,7 +53,8 @@ def run_config(config: str, params: float, steps: int,
                extra_env: dict[str, str] | None = None) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "events.jsonl"
-        every = {"commit_never": 0, "commit_10": 10, "commit_1": 1}.get(config, 0)
+        every = {"commit_never": 0, "commit_10": 10, "commit_1": 1,
+                 "commit_10_no_hang_detection": 10}.get(config, 0)
         env = bench_env({"BENCH_OUT": str(out), "BENCH_PARAMS": f"{params:g}",
                          "BENCH_STEPS": str(steps + WARMUP_STEPS),
                          "BENCH_COMMIT_EVERY": str(every), "BENCH_CHECKPOINT_EVERY": "0",
@@ -59,7 +62,8 @@ def run_config(config: str, params: float, steps: int,
         if config == "ddp":
             command = torchrun_command(SCRIPTS / "torchrun_train.py", 2, port=free_port())
         else:
-            command = elasticrun_command(["-np", "2"], SCRIPTS / "er_train.py")
+            flags = ["--no-hang-detection"] if config.endswith("no_hang_detection") else []
+            command = elasticrun_command(["-np", "2", *flags], SCRIPTS / "er_train.py")
         with Jobs() as jobs:
             jobs.start(command, env)
             jobs.wait(900, f"overhead job ({config}, {params:g} parameters)")
@@ -85,12 +89,15 @@ def bench(trials: int, quick: bool) -> dict[str, Any]:
         vs_never = median(every["steps_per_s"] / never["steps_per_s"]
                           for every, never in zip(runs["commit_1"], runs["commit_never"],
                                                   strict=True))
+        hang_cost = median(1 - on["steps_per_s"] / off["steps_per_s"]
+                           for on, off in zip(runs["commit_10"],
+                                              runs["commit_10_no_hang_detection"], strict=True))
         results[f"{params:g}"] = {"trials": runs, "steps_per_s": rate, "commit_ms": commit_ms,
-                                  "commit_1_vs_never": vs_never}
+                                  "commit_1_vs_never": vs_never, "hang_detection_cost": hang_cost}
         rows.append([f"{params / 1e6:g}M", rate["ddp"],
-                     *(f"{rate[c]:.3f} ({rate[c] / rate['ddp']:.2f}x)" for c in CONFIGS[1:]),
-                     f"{vs_never:.2f}x", commit_ms])
+                     *(f"{rate[c]:.3f} ({rate[c] / rate['ddp']:.2f}x)" for c in CONFIGS[1:4]),
+                     f"{vs_never:.2f}x", commit_ms, f"{100 * hang_cost:+.1f}%"])
     print_table(f"overhead: 2 workers, steps/s (x DDP under torchrun), median of {trials}",
                 ["params", "DDP", "no commit", "commit/10", "commit/1", "commit/1 vs none",
-                 "commit ms"], rows)
+                 "commit ms", "hang detection"], rows)
     return results

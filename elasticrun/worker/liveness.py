@@ -111,7 +111,7 @@ class StallWatch:
     """The clock and the reporter of one worker, as a round's waits use them.
     `probed(round, since)`: whether the driver has probed `round` since that moment."""
 
-    def __init__(self, clock: CollectiveClock, reporter: StallReporter | None,
+    def __init__(self, clock: CollectiveClock, reporter: StallReporter,
                  probed: Callable[[int, float], bool] = lambda number, since: False) -> None:
         self.clock = clock
         self._reporter = reporter
@@ -126,15 +126,13 @@ class StallWatch:
 
     def report(self, round_number: int, waited_s: float, designated: bool,
                waiting_since: float) -> None:
-        if self._reporter is None:
-            return
         if designated or not self._probed(round_number, waiting_since):
             self._reporter.stalled(round_number, waited_s)
 
 
 def watch_stalls(client: DriverClient, worker_id: str,
-                 probed: Callable[[int, float], bool]) -> StallWatch:
-    """A launched worker's watch; it reports nothing with --no-hang-detection."""
-    reports = os.environ.get(protocol.ENV_HANG_DETECTION, "1") != "0"
-    return StallWatch(CollectiveClock(), StallReporter(client, worker_id) if reports else None,
-                      probed)
+                 probed: Callable[[int, float], bool]) -> StallWatch | None:
+    """A launched worker's watch; None with --no-hang-detection (its waits note nothing)."""
+    if os.environ.get(protocol.ENV_HANG_DETECTION, "1") == "0":
+        return None
+    return StallWatch(CollectiveClock(), StallReporter(client, worker_id), probed)

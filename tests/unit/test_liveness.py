@@ -9,7 +9,7 @@ one that answers, and one whose host says it runs (a GC pause holds its GIL).
 from __future__ import annotations
 
 from elasticrun.driver.rounds import events as ev
-from elasticrun.driver.rounds.liveness import PROBE_MAX_S, PROBE_S, STALL_LAPSE_S
+from elasticrun.driver.rounds.liveness import PROBE_EVERY_S, PROBE_S, STALL_LAPSE_S
 from elasticrun.driver.rounds.state import WorkerRecord, WorkerStatus
 from elasticrun.process_view import ProcessState, ProcessView
 from tests.unit.machine_sim import Sim, config, of
@@ -115,7 +115,9 @@ def test_a_silent_member_on_a_host_that_cannot_tell_is_hung_after_the_hang_timeo
         stall(sim, members[0])
         causes = failed(sim.advance(0.25))
     [cause] = causes
-    assert cause.startswith("rank 3 on host b hung: no heartbeat for 3.")
+    prefix = "rank 3 on host b hung: no heartbeat for "
+    assert cause.startswith(prefix) and cause.endswith("s")
+    assert 3.0 <= float(cause[len(prefix):-1]) <= 3.0 + PROBE_EVERY_S  # judged at probes
 
 
 def test_a_member_stuck_outside_collectives_is_hung_after_the_stuck_timeout() -> None:
@@ -132,7 +134,7 @@ def test_a_member_stuck_outside_collectives_is_hung_after_the_stuck_timeout() ->
         causes = failed(sim.advance(0.5))
     [cause] = causes
     assert cause.startswith("rank 3 on host b hung: stuck outside collectives for ")
-    assert 10.0 <= sim.now - 1000.0 <= 10.0 + PROBE_MAX_S  # checked at each probe
+    assert 10.0 <= sim.now - 1000.0 <= 10.0 + PROBE_EVERY_S  # checked at each probe
 
 
 def test_a_slow_member_outside_collectives_that_uses_cpu_is_never_stuck() -> None:
@@ -147,7 +149,7 @@ def test_a_slow_member_outside_collectives_that_uses_cpu_is_never_stuck() -> Non
         assert not failed(sim.advance(0.5))
 
 
-def test_the_stall_ends_when_reports_stop_and_probes_back_off_meanwhile() -> None:
+def test_the_stall_ends_when_reports_stop_and_is_probed_every_few_seconds_meanwhile() -> None:
     sim, members = running()
     stall(sim, members[0])
     probes = []
@@ -155,7 +157,7 @@ def test_the_stall_ends_when_reports_stop_and_probes_back_off_meanwhile() -> Non
         stall(sim, members[0])
         probes += [sim.now for _ in of(ev.ProbeRound, sim.advance(1.0))]
     gaps = [b - a for a, b in zip(probes, probes[1:], strict=False)]
-    assert gaps == sorted(gaps) and gaps[0] >= PROBE_S  # backing off
+    assert len(gaps) >= 2 and all(abs(gap - PROBE_EVERY_S) < 0.3 for gap in gaps)
     sim.advance(STALL_LAPSE_S + 4.0)
     assert sim.state.stall is None
     assert not of(ev.ProbeRound, sim.advance(30.0))
@@ -194,6 +196,6 @@ def test_a_member_that_hangs_during_a_lasting_stall_is_looked_at_within_the_back
         assert not failed(actions)  # silent, but its host not asked yet: no verdict
         asked = of(ev.InspectWorkers, actions)
     assert asked == [ev.InspectWorkers(1, (members[3].id,))]
-    assert sim.now - stopped_at <= PROBE_MAX_S + PROBE_S
+    assert sim.now - stopped_at <= PROBE_EVERY_S + PROBE_S
     assert failed(inspect(sim, (members[3], STOPPED))) == [
         "rank 3 on host b hung: its process is stopped (SIGSTOP)"]

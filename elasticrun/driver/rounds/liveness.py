@@ -13,8 +13,8 @@ while reports, or answers from inside a collective, keep coming. A member is hun
 - it answers, but its training thread has been outside collectives, using no CPU, for
   --stuck-timeout while its peers waited (a deadlocked data loader).
 A member that does not answer while its host says it runs holds its GIL (a long GC pause, a
-long C call): slow, not hung. Probes back off while a stall lasts; it ends when the reports
-stop. The functions return the verdicts; the machine fails the hosts (machine.py).
+long C call): slow, not hung. A lasting stall is probed every few seconds; it ends when the
+reports stop. The functions return the verdicts; the machine fails the hosts (machine.py).
 """
 
 from __future__ import annotations
@@ -34,12 +34,12 @@ from elasticrun.driver.rounds.step import Step
 from elasticrun.process_view import ProcessState
 
 PROBE_S = 0.5  # how long members get to answer a probe before silent ones are looked at
-# A lasting stall's probes back off to one every this many seconds: a member that hangs
-# while its round is already stalled (by a slow peer) is looked at within about this long.
-# In large rounds, to at least PROBE_PER_MEMBER_S a member: every probe costs the driver
-# an answer from each member (about 0.25 ms), so a lasting stall of 4,096 members costs it
-# about a tenth of a core.
-PROBE_MAX_S = 2.0
+# A lasting stall's members are probed again every this many seconds (a member that hangs
+# while its round is already stalled, by a slow peer, is looked at within about this long),
+# and at least PROBE_PER_MEMBER_S a member: every probe costs the driver an answer from
+# each member (about 0.25 ms), so a lasting stall of 4,096 members costs it a few percent
+# of a core. Between probes nothing is asked; the silent are judged PROBE_S after each.
+PROBE_EVERY_S = 2.0
 PROBE_PER_MEMBER_S = 0.0025
 WAITING_S = 0.25  # an answer from inside a collective this long: the stall goes on
 # Stalled members repeat their report every second (worker/liveness.py): none for this
@@ -149,19 +149,23 @@ def probe_due(step: Step, number: int) -> list[Verdict]:
         return verdicts
     if silent:
         step.emit(InspectWorkers(number, tuple(silent)))
-    _probe(step, stall)
+    if now >= stall.next_probe:
+        _probe(step, stall)
+    else:  # the next probe's time: the answers to this one are in
+        step.timer(TimerKind.PROBE, stall.next_probe, round=number)
     return []
 
 
 def _probe(step: Step, stall: Stall) -> None:
+    """Asks every member; their answers are looked at PROBE_S later."""
     state = step.state
     state.probe_seq += 1
     stall.probe = state.probe_seq
     stall.answered = set()
-    longest = max(PROBE_MAX_S, PROBE_PER_MEMBER_S * len(_members(step)))
-    stall.interval = PROBE_S if not stall.interval else min(2 * stall.interval, longest)
+    every = max(PROBE_EVERY_S, PROBE_PER_MEMBER_S * len(_members(step)))
+    stall.next_probe = step.now + every
     step.emit(ProbeRound(stall.round, stall.probe))
-    step.timer(TimerKind.PROBE, step.now + stall.interval, round=stall.round)
+    step.timer(TimerKind.PROBE, step.now + PROBE_S, round=stall.round)
 
 
 def _members(step: Step) -> set[str]:

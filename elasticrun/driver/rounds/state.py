@@ -116,7 +116,7 @@ class Stall:
     started: float
     last_report: float  # stalled members repeat their reports while they wait
     probe: int = 0  # the probe the members are answering now
-    interval: float = 0.0  # until the next probe (it backs off)
+    next_probe: float = 0.0  # when they are asked again
     answered: set[str] = field(default_factory=set)  # answered the current probe
     heard: dict[str, float] = field(default_factory=dict)  # worker -> last answer or report
     outside: dict[str, float] = field(default_factory=dict)  # its training thread left its

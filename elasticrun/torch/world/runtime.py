@@ -127,7 +127,7 @@ class Runtime:
         self.notices = notices = NoticeWatcher(
             self.client, lambda: self.round, self._round_broken,
             lambda reason: stop_for_good(self.slot.rank, reason), self.worker_id,
-            watch.clock.snapshot)
+            watch.clock.snapshot if watch is not None else None)
         self._join(last_round=0, failure="", committed=False)
         self.notices.start()
 
