@@ -8,6 +8,9 @@ recovery    4 workers (2 hosts x 2 on loopback), ~10M parameters, one SIGKILLed 
             kill -> first step after recovery, steps lost, with a breakdown; torchrun
             (c10d rendezvous, --max-restarts, disk checkpoint) does the same. Also draws
             results/recovery-timeline.png.
+recovery-dist  the same 4 workers, one job per model size (~1.1M, ~10.2M) and fault (SIGKILL,
+            SIGSTOP) suffering >= 30 faults: fault -> first step after as p50/p90/p99/max,
+            its phases, and at 10.2M the overhead over one steady step.
 scaleup     a host added by discovery: change -> first step at the larger world size,
             with a breakdown; torchrun's answer (a second agent; every worker restarts).
 overhead    training throughput of the elastic script (commit every step / every 10)
@@ -26,6 +29,11 @@ launchers   the same job through the local, SSH and agent launchers: host added 
             network namespaces, as root).
 slurm       on a real Slurm cluster in network namespaces (root): workers started with srun
             one step each (--launcher slurm) against agents started by srun, one per node.
+liveness    hang detection's cost to the driver at N simulated workers: steady state, and
+            a lasting stall of one hung worker (share of one core).
+torchft     4 CPU workers, ~1M parameters, one SIGKILLed and one SIGSTOPped (a hang)
+            mid-step, against torchft (its Lighthouse, Manager and Gloo group, from PyPI into
+            benchmarks/.venv-torchft): failure -> first step after, steps lost, steps/s.
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ from benchlib import RESULTS  # noqa: E402
 
 BENCHMARKS = {
     "recovery": "recovery",
+    "recovery-dist": "recovery_dist",
     "scaleup": "scaleup",
     "overhead": "overhead",
     "optimizer": "optimizer_throughput",
@@ -51,6 +60,8 @@ BENCHMARKS = {
     "gpu": "gpu",
     "launchers": "launchers",
     "slurm": "slurm_launch",
+    "liveness": "liveness_scale",
+    "torchft": "torchft_compare",
 }
 
 

@@ -1,12 +1,13 @@
 """The peer of er_ft_train.py: the same model and data under torchft, as its train_ddp.py
-example writes it — one replica group of one worker, torchft's DistributedDataParallel
-and Optimizer wrappers over a reconfigurable ProcessGroupGloo, a Manager talking to the
-Lighthouse at TORCHFT_LIGHTHOUSE. Runs in the benchmark's side venv (torchft installed).
+example sets it up — one replica group of one worker, a Manager talking to the Lighthouse
+at TORCHFT_LIGHTHOUSE, a reconfigurable ProcessGroupGloo, torchft's Optimizer wrapper.
+Runs in the benchmark's side venv (torchft installed).
 
 Env (besides model.py's and failure.py's): REPLICA_GROUP_ID, NUM_REPLICA_GROUPS,
 TORCHFT_LIGHTHOUSE, BENCH_MIN_REPLICAS, BENCH_PG_TIMEOUT_S, BENCH_MANAGER_TIMEOUT_S,
-BENCH_BARRIER_DIR (every group waits there for the others before its first step, so that
-the first quorum holds all of them).
+BENCH_TORCHFT_PATH ("allreduce": one Manager.allreduce of all gradients; "ddp":
+torchft.DistributedDataParallel), BENCH_BARRIER_DIR (every group waits there for the
+others before its first step, so that the first quorum holds all of them).
 Events: "started", "imported" (model, Manager and its TCPStore built), "step" (committed;
 with the quorum's size), "failure" (a step whose commit was refused: the survivors' lost
 attempt), the failure's own event, "done".
@@ -21,6 +22,7 @@ STARTED = time.time()
 import os  # noqa: E402
 from datetime import timedelta  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -67,16 +69,14 @@ def main() -> None:
     # worker per group, the worker hosts it itself.
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     pg = torchft.ProcessGroupGloo(timeout=PG_TIMEOUT)
-    optimizer: torch.optim.Optimizer | None = None
+    sgd = torch.optim.SGD(model.parameters(), lr=0.01)
 
-    def load_state_dict(state: dict[str, object]) -> None:
-        model.load_state_dict(state["model"])  # type: ignore[arg-type]
-        assert optimizer is not None
-        optimizer.load_state_dict(state["optim"])  # type: ignore[arg-type]
+    def load_state_dict(state: dict[str, Any]) -> None:
+        model.load_state_dict(state["model"])
+        sgd.load_state_dict(state["optim"])
 
-    def state_dict() -> dict[str, object]:
-        assert optimizer is not None
-        return {"model": model.state_dict(), "optim": optimizer.state_dict()}
+    def state_dict() -> dict[str, Any]:
+        return {"model": model.state_dict(), "optim": sgd.state_dict()}
 
     manager = torchft.Manager(pg=pg, min_replica_size=MIN_REPLICAS,
                               load_state_dict=load_state_dict, state_dict=state_dict,
@@ -84,7 +84,7 @@ def main() -> None:
                               store_addr="127.0.0.1", store_port=store.port, rank=0,
                               world_size=1, hostname="127.0.0.1")
     forward = torchft.DistributedDataParallel(manager, model) if WRAPPER else model
-    optimizer = torchft.Optimizer(manager, torch.optim.SGD(model.parameters(), lr=0.01))
+    optimizer = torchft.Optimizer(manager, sgd)
     emit("imported")
     data, target = batch(REPLICA)
     barrier()

@@ -4,6 +4,7 @@ prints its table and writes results whose numbers add up."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from typing import Any
@@ -15,9 +16,10 @@ from tests.integration.harness import REPO
 RESULTS = REPO / "benchmarks" / "results"
 
 
-def run_quick(name: str) -> tuple[str, dict[str, Any]]:
+def run_quick(name: str, env: dict[str, str] | None = None) -> tuple[str, dict[str, Any]]:
     proc = subprocess.run([sys.executable, "benchmarks/run.py", name, "--quick"], cwd=REPO,
-                          capture_output=True, text=True, timeout=280)
+                          capture_output=True, text=True, timeout=280,
+                          env={**os.environ, **(env or {})})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout, json.loads((RESULTS / f"{name}-quick.json").read_text())
 
@@ -50,10 +52,10 @@ def test_scaleup() -> None:
 
 def test_overhead() -> None:
     out, result = run_quick("overhead")
-    assert "overhead:" in out
+    assert "overhead:" in out and "hang detection" in out
     for size in result.values():
         assert all(rate > 0 for rate in size["steps_per_s"].values())
-        assert size["commit_ms"] > 0
+        assert size["commit_ms"] > 0 and -1 < size["hang_detection_cost"] < 1
 
 
 def test_optimizer(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
@@ -120,3 +122,37 @@ def test_launchers() -> None:
     for numbers in result["median"].values():
         assert 0 < numbers["launch_s"] < numbers["grow_s"] < 120
         assert 0 < numbers["resume_s"] < 60
+
+
+def test_liveness() -> None:
+    out, result = run_quick("liveness")
+    assert "hang detection's cost to the driver" in out
+    [size] = result.values()
+    median = size["median"]
+    assert 0 <= median["steady_core"] < 1 and 0 < median["stall_core"] < 1
+    assert median["probes"] >= 2 and median["stall_req_per_s"] > 0
+
+
+def test_torchft_elasticrun_side() -> None:
+    """elasticrun's side only: torchft comes from PyPI into a side venv, not in the suite."""
+    out, result = run_quick("torchft", {"BENCH_TORCHFT": "0"})
+    assert "BENCH_TORCHFT=0; reporting elasticrun alone" in out
+    for failure in ("kill", "stop"):
+        [trial] = result["trials"]["elasticrun"][failure]
+        assert 0 < trial["resume_s"] <= trial["caught_up_s"] < 15, trial
+        assert trial["steps_per_s"] > 0
+
+
+def test_recovery_distribution() -> None:
+    out, result = run_quick("recovery-dist")
+    assert "fault -> first step after it" in out
+    [size] = result.values()
+    for kind in ("kill", "hang"):
+        trials = size[kind]["trials"]
+        assert trials and not [t for t in trials if "error" in t], trials
+        assert all(t["victim_state"] in ("gone", "Z") for t in trials)  # killed, not stopped
+        spread = size["summary"][kind]["recovery"]
+        assert 0 < spread["p50"] <= spread["p99"] <= spread["max"] < 60
+        phases = size["summary"][kind]["phases"]
+        assert all(phases[p] >= 0 for p in ("detection_s", "rendezvous_s", "sync_s"))
+    assert {t["failure"] for t in size["hang"]["trials"]} == {"hang"}
