@@ -127,7 +127,8 @@ def probe_due(step: Step, number: int) -> list[Verdict]:
         state.stall = None
         return []
     verdicts = []
-    silent = sorted(_members(step) - stall.answered)
+    members = _members(step)
+    silent = sorted(members - stall.answered)
     for worker_id in silent:
         view = stall.views.get(worker_id)
         quiet = now - stall.heard.get(worker_id, stall.started)
@@ -137,7 +138,7 @@ def probe_due(step: Step, number: int) -> list[Verdict]:
     stalled_for = now - stall.started
     for worker_id, left_at in stall.outside.items():
         cpu = stall.cpu.get(worker_id)
-        if cpu is None or worker_id not in _members(step):
+        if cpu is None or worker_id not in members:
             continue
         outside_for, idle_for = now - left_at, now - cpu[1]
         if min(outside_for, idle_for, stalled_for) >= config.stuck_timeout:
