@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 class ProcessState(enum.Enum):
     RUNNING = "running"  # running or sleeping: alive, whatever its threads are doing
-    STOPPED = "stopped"  # SIGSTOP / SIGTSTP, or stopped by a tracer: it can do nothing
+    STOPPED = "stopped"  # SIGSTOP / SIGTSTP: it can do nothing, ever
     GONE = "gone"  # exited (its exit is reported the usual way)
     UNREACHABLE = "unreachable"  # its host did not answer the question
     UNKNOWN = "unknown"  # its launcher cannot tell
@@ -41,7 +41,9 @@ class ProcessView:
         return cls(ProcessState.UNKNOWN, "malformed answer")
 
 
-_STOPPED = {"T": "stopped (SIGSTOP)", "t": "stopped by a tracer"}
+# A process held by a tracer ("t": a debugger at a breakpoint, py-spy dump for a moment)
+# is someone's on purpose: it counts as running.
+_STOPPED = {"T": "stopped (SIGSTOP)"}
 _GONE = {"Z", "X", "x"}
 
 

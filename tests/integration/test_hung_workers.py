@@ -120,3 +120,28 @@ def test_slow_workers_are_never_failed(tmp_path: Path) -> None:
     assert "probing the round's members" in result.stderr  # the stalls were seen
     held = next(r["seconds"] for r in records if r["event"] == "held_gil")
     assert held >= 2.0, f"the GIL was held {held:.1f}s only: the test proves nothing"
+
+
+def test_a_worker_stopped_in_the_middle_of_a_rendezvous_is_found(tmp_path: Path) -> None:
+    """127.0.0.1's worker stops right after joining its second round, before it builds the
+    group: its peers wait in the group's build, not in a collective. The round's laggard
+    is asked about and found stopped, not left to the rejoin bound (collective timeout +
+    5 s). (The chaos soak found this: a 120 s stall.)"""
+    env = {"TRAIN_SAMPLES": "96", "TRAIN_EPOCHS": "3", "TRAIN_BATCH": "4",
+           "TRAIN_STEP_SLEEP": "0.02", "CRASH_HOST": "127.0.0.1", "CRASH_AT_BUILD": "2",
+           "CRASH_MODE": "stop", "FAULTS": "4:0:exception"}
+    started = time.monotonic()
+    proc, tag = start_job(["-H", "localhost:1,127.0.0.1:1,127.0.0.2:1", "--min-np", "1",
+                           "--blacklist-cooldown-range", "60", "60", PYTHON,
+                           str(SCRIPTS / "crash_after_join.py")],
+                          {"LOG_DIR": str(tmp_path), **env})
+    out, err = proc.communicate(timeout=150)
+    result = JobResult(proc.returncode, out, err, time.monotonic() - started, time.time(), tag)
+    assert result.returncode == 0, err[-3000:]
+    assert_no_orphans(tag)
+    assert "on host 127.0.0.1 hung: its process is stopped (SIGSTOP)" in err, err[-3000:]
+    records = list(read_records(tmp_path))
+    views = check_job(records, samples=96, epochs=3)
+    assert set(views[-1].hosts_by_rank.values()) == {"127.0.0.2"}
+    failed_at = next(r["time"] for r in records if r["event"] == "fault")
+    assert resumed_after(records, failed_at) < RESUMED_WITHIN_S

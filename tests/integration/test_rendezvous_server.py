@@ -716,7 +716,7 @@ async def test_multi_get(server: Server) -> None:
 
 async def test_notices_long_poll(server: Server) -> None:
     reply = await server.signed(protocol.PATH_NOTICES, {"after": 0, "timeout": 0})
-    assert reply.json == {"seq": 0, "broken_round": 0, "notices": []}
+    assert reply.json == {"seq": 0, "broken_round": 0, "probe": 0, "notices": []}
     started = time.monotonic()
     waiter = asyncio.create_task(server.signed(protocol.PATH_NOTICES, {"after": 0, "timeout": 10}))
     await asyncio.sleep(0.2)
@@ -727,12 +727,12 @@ async def test_notices_long_poll(server: Server) -> None:
     # Each notice comes with its time (whole seconds, as Horovod stamps them) and what
     # changed, for Horovod's `state._host_messages`.
     [[seq, stamp, update]] = reply.pop("notices")
-    assert reply == {"seq": 1, "broken_round": 0}
+    assert reply == {"seq": 1, "broken_round": 0, "probe": 0}
     assert (seq, update) == (1, int(protocol.HostUpdateResult.added))
     assert abs(stamp - time.time()) < 5
     # A worker that has seen notice 1 is not sent it again.
     reply = await server.signed(protocol.PATH_NOTICES, {"after": 1, "timeout": 0})
-    assert reply.json == {"seq": 1, "broken_round": 0, "notices": []}
+    assert reply.json == {"seq": 1, "broken_round": 0, "probe": 0, "notices": []}
 
 
 async def test_notices_posted_by_the_machine_wake_the_long_poll(server: Server) -> None:
@@ -767,7 +767,7 @@ async def test_long_polls_end_at_their_deadline_and_leave_no_waiter_behind(
     """A held request waits on a future and a timer: expired or woken, it is forgotten."""
     started = time.monotonic()
     reply = await server.signed(protocol.PATH_NOTICES, {"after": 0, "timeout": 0.3})
-    assert reply.json == {"seq": 0, "broken_round": 0, "notices": []}
+    assert reply.json == {"seq": 0, "broken_round": 0, "probe": 0, "notices": []}
     assert 0.25 <= time.monotonic() - started < 2.0
     assert not server.rv.rounds._changes
     waiter = asyncio.create_task(server.signed(protocol.PATH_NOTICES, {"after": 0, "timeout": 10}))
@@ -802,7 +802,7 @@ async def test_broken_round_releases_watchers_and_store_waiters(server: Server) 
     started = time.monotonic()
     server.rv.post(ev.WorkerExited("lost", 1))  # its process died: the pool's event
     assert server.rv.of(ev.BreakRound) == [ev.BreakRound(3)]
-    quiet = {"seq": 0, "broken_round": 3, "notices": []}
+    quiet = {"seq": 0, "broken_round": 3, "probe": 0, "notices": []}
     assert (await asyncio.wait_for(watcher, 5)).json == quiet
     assert (await asyncio.wait_for(getter, 5)).status == 410
     assert time.monotonic() - started < 1.0
@@ -1249,3 +1249,43 @@ async def test_a_crowd_of_workers_forms_one_round_and_uses_its_keys(server: Serv
     got = await asyncio.gather(*(server.kv("get", worker=f"w{i}", key=f"{prefix}{(i + 1) % n}")
                                  for i in range(n)))
     assert got == [{"value": b64(str((i + 1) % n).encode())} for i in range(n)]
+
+
+async def test_a_stall_report_probes_the_members_and_their_next_polls_answer(
+        server: Server) -> None:
+    """Hang detection through the real server: a member's stall report (a machine event)
+    ends every member's held notice poll with the new probe; a poll acknowledging it, with
+    the worker's liveness, is the member's answer; later polls are held again."""
+    slots = {SlotId("a", 0): "w0", SlotId("a", 1): "w1"}
+    for slot, worker in slots.items():
+        server.rv.add_worker(worker, slot)
+    server.rv.open_round(5, assign([("a", 2)]), slots)
+    server.rv.current.joined.update(slots.values())
+    server.rv.current.complete = True
+    held = asyncio.create_task(server.signed(protocol.PATH_NOTICES, {
+        "after": 0, "round": 5, "timeout": 10, "worker_id": "w1", "probe_ack": 0}))
+    await asyncio.sleep(0.2)
+    assert not held.done()
+    report = await server.signed(protocol.PATH_STALLED,
+                                 {"worker_id": "w0", "round": 5, "waited_s": 0.3})
+    assert report.status == 200
+    [stalled] = server.rv.of(ev.WorkerStalled)
+    assert stalled == ev.WorkerStalled("w0", 5, 0.3)
+    probe = (await asyncio.wait_for(held, 5)).json["probe"]
+    assert probe == server.rv.state.probe_seq > 0
+    liveness = {"in_collective": True, "since_s": 0.4, "cpu_s": 1.5}
+    answer = asyncio.create_task(server.signed(protocol.PATH_NOTICES, {
+        "after": 0, "round": 5, "timeout": 0.5, "worker_id": "w1", "probe_ack": probe,
+        "liveness": liveness}))
+    assert (await asyncio.wait_for(answer, 5)).json["probe"] == probe  # held, then expired
+    assert server.rv.of(ev.ProbeAnswered) == [
+        ev.ProbeAnswered("w1", 5, probe, True, 0.4, 1.5)]
+    stall = server.rv.state.stall
+    assert stall is not None and stall.answered == {"w0", "w1"}
+    bad = await server.signed(protocol.PATH_NOTICES, {
+        "after": 0, "round": 5, "timeout": 0, "worker_id": "w1", "probe_ack": probe,
+        "liveness": {"in_collective": "yes"}})
+    assert bad.status == 400
+    unknown = await server.signed(protocol.PATH_STALLED,
+                                  {"worker_id": "nobody", "round": 5, "waited_s": 1})
+    assert unknown.status == 403

@@ -199,3 +199,46 @@ def test_a_member_that_hangs_during_a_lasting_stall_is_looked_at_within_the_back
     assert sim.now - stopped_at <= PROBE_EVERY_S + PROBE_S
     assert failed(inspect(sim, (members[3], STOPPED))) == [
         "rank 3 on host b hung: its process is stopped (SIGSTOP)"]
+
+
+def forming(**overrides: object) -> tuple[Sim, list[WorkerRecord]]:
+    """Round 1 opened; every member but rank 3 joined (so none can build or sync)."""
+    sim = Sim(config(**overrides))
+    sim.start(TWO_HOSTS)
+    members = sorted(sim.members(), key=lambda w: w.rank)
+    for worker in members[:3]:
+        sim.send(ev.JoinAsked(worker.id, 0))
+    return sim, members
+
+
+def test_a_laggard_of_a_forming_round_is_asked_about_and_found_stopped() -> None:
+    """A member stopped before it joined (or built its group): no collective stalls, yet it
+    is found in about a second, not at the check-in deadline."""
+    sim, members = forming()
+    asked = of(ev.InspectWorkers, sim.advance(1.0))
+    assert asked == [ev.InspectWorkers(1, tuple(sorted(w.id for w in members)))]
+    actions = inspect(sim, *((w, RUNNING) for w in members[:3]), (members[3], STOPPED))
+    assert failed(actions) == ["rank 3 on host b hung: its process is stopped (SIGSTOP)"]
+    assert ev.StopWorkers((members[3].id,), kill=True) in actions
+
+
+def test_a_forming_rounds_laggards_are_asked_at_doubling_intervals_then_left_alone() -> None:
+    """A slow starter (importing torch) runs: nothing happens to it; the questions thin out
+    and stop at the collective timeout (10 s here), where the usual bounds take over."""
+    sim, members = forming()
+    times = []
+    for _ in range(40):
+        for _ in of(ev.InspectWorkers, sim.advance(0.5)):
+            times.append(round(sim.now - 1000.0, 1))
+            assert not failed(inspect(sim, (members[3], RUNNING)))
+    assert times == [1.0, 2.0, 4.0, 8.0, 16.0]
+
+
+def test_an_unreachable_laggard_is_hung_and_a_settled_round_is_not_asked_about() -> None:
+    sim, members = forming()
+    sim.advance(1.0)
+    [cause] = failed(inspect(sim, (members[3], UNREACHABLE)))
+    assert cause.startswith("rank 3 on host b hung: not in round 1 yet, and its host does not")
+    settled = Sim(config())
+    settled.running(TWO_HOSTS)
+    assert not of(ev.InspectWorkers, settled.advance(30.0))

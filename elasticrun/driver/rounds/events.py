@@ -29,6 +29,7 @@ class TimerKind(enum.Enum):
     STANDBY_DEADLINE = "standby_deadline"  # standby `worker` has not checked in
     COOLDOWN_END = "cooldown_end"  # blacklisted `host` may return
     PROBE = "probe"  # a stalled `round`: who answered its probe, who is hung (liveness.py)
+    FORMING = "forming"  # `round` not settled yet: what its laggards' hosts say (liveness.py)
 
 
 @dataclass(frozen=True)

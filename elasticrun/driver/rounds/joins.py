@@ -20,6 +20,9 @@ UNEXPLAINED_RESET_WAIT_S = 0.5
 # A running member rejoins as soon as its collective fails, which takes at most the
 # collective timeout; one that has not rejoined this long after that is stuck.
 REJOIN_SLACK_S = 5.0
+# A round its members have not all joined, built and synced this long after its first join:
+# the laggards' hosts are asked what their processes do (liveness.forming_due).
+FORMING_FIRST_S = 1.0
 
 
 def asked(step: Step, event: JoinAsked) -> None:
@@ -109,6 +112,8 @@ def _barrier_started(step: Step) -> None:
     rejoin = step.config.collective_timeout + REJOIN_SLACK_S
     if rejoin < start:
         step.timer(TimerKind.REJOIN, step.now + rejoin, round=current.number)
+    if step.config.hang_detection:
+        step.timer(TimerKind.FORMING, step.now + FORMING_FIRST_S, round=current.number)
 
 
 def check_in_expired(step: Step, number: int, survivors_only: bool) -> None:

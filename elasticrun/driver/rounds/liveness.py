@@ -12,6 +12,9 @@ while reports, or answers from inside a collective, keep coming. A member is hun
   --hang-timeout;
 - it answers, but its training thread has been outside collectives, using no CPU, for
   --stuck-timeout while its peers waited (a deadlocked data loader).
+A round being formed (a member not joined, its group not built, its state not synced) has
+no collectives to stall: its laggards' hosts are asked too, from a second after its first
+join, and a laggard whose process is stopped, or whose host does not answer, is hung.
 A member that does not answer while its host says it runs holds its GIL (a long GC pause, a
 long C call): slow, not hung. A lasting stall is probed every few seconds; it ends when the
 reports stop. The functions return the verdicts; the machine fails the hosts (machine.py).
@@ -96,25 +99,53 @@ def answered(step: Step, event: ProbeAnswered) -> None:
 
 
 def inspected(step: Step, event: ProcessesInspected) -> list[Verdict]:
-    stall = step.state.stall
-    if stall is None or stall.round != event.round:
+    state = step.state
+    current = state.round
+    if current is None or not _current(step, event.round):
         return []
+    stall = state.stall if state.stall is not None and state.stall.round == event.round \
+        else None
     verdicts = []
     for worker_id, view in event.views:
-        if not _watching(step, event.round, worker_id):
+        worker = state.workers.get(worker_id)
+        if worker is None or not worker.alive or worker_id not in current.member_ids:
             continue
-        stall.views[worker_id] = view
-        worker = step.state.workers[worker_id]
+        if stall is not None:
+            stall.views[worker_id] = view
         if view.state is not ProcessState.RUNNING:
             step.log("debug", f"round {event.round}: host {worker.slot.host} says rank "
                               f"{worker.rank} is {view.state.value} ({view.detail})")
-        quiet = step.now - stall.heard.get(worker_id, stall.started)
         if view.state is ProcessState.STOPPED:
             verdicts.append(Verdict(worker, f"its process is {view.detail or 'stopped'}"))
-        elif view.state is ProcessState.UNREACHABLE and quiet >= PROBE_S:
-            verdicts.append(Verdict(worker, f"no heartbeat for {quiet:.1f}s, and its host "
+        elif view.state is not ProcessState.UNREACHABLE:
+            continue
+        elif stall is not None:
+            quiet = step.now - stall.heard.get(worker_id, stall.started)
+            if quiet >= PROBE_S:
+                verdicts.append(Verdict(worker, f"no heartbeat for {quiet:.1f}s, and its host "
+                                                f"does not answer ({view.detail})"))
+        elif worker_id not in current.synced:  # a laggard of a forming round
+            verdicts.append(Verdict(worker, f"not in round {event.round} yet, and its host "
                                             f"does not answer ({view.detail})"))
     return verdicts
+
+
+def forming_due(step: Step, number: int) -> None:
+    """Round `number` has not settled (some member has not joined, built its group or
+    synced): the laggards' hosts are asked, first FORMING_FIRST_S after its first join, then
+    at doubling intervals, as long as the collective timeout (the usual bounds then)."""
+    state = step.state
+    current = state.round
+    if current is None or current.settled or not _current(step, number):
+        return
+    workers = state.workers
+    laggards = sorted(wid for wid in current.member_ids - current.synced
+                      if (w := workers.get(wid)) is not None and w.alive)
+    if laggards:
+        step.emit(InspectWorkers(number, tuple(laggards)))
+    waited = step.now - current.opened_at
+    if laggards and waited < step.config.collective_timeout:
+        step.timer(TimerKind.FORMING, step.now + max(1.0, waited), round=number)
 
 
 def probe_due(step: Step, number: int) -> list[Verdict]:
@@ -176,16 +207,22 @@ def _members(step: Step) -> set[str]:
         wid for wid in current.member_ids if (w := workers.get(wid)) is not None and w.alive}
 
 
+def _current(step: Step, number: int) -> bool:
+    """Whether round `number` is the current, unbroken round, hang detection on."""
+    state = step.state
+    current = state.round
+    return step.config.hang_detection and current is not None and current.number == number \
+        and state.broken_round < number \
+        and state.phase in (JobPhase.RUNNING, JobPhase.FINISHING)
+
+
 def _watching(step: Step, number: int, worker_id: str | None = None) -> bool:
     """Whether round `number` is the current, complete, unbroken round (and `worker_id`
     one of its live members)."""
-    state = step.state
-    current = state.round
-    if not step.config.hang_detection or current is None or current.number != number \
-            or not current.complete or state.broken_round >= number \
-            or state.phase not in (JobPhase.RUNNING, JobPhase.FINISHING):
+    current = step.state.round
+    if current is None or not current.complete or not _current(step, number):
         return False
     if worker_id is None:
         return True
-    worker = state.workers.get(worker_id)
+    worker = step.state.workers.get(worker_id)
     return worker is not None and worker.alive and worker_id in current.member_ids

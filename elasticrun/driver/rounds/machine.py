@@ -255,6 +255,8 @@ def _timer_fired(step: Step, event: TimerFired) -> None:
         joins.reevaluate(step)
     elif kind is TimerKind.PROBE:
         _hung(step, liveness.probe_due(step, timer.round))
+    elif kind is TimerKind.FORMING:
+        liveness.forming_due(step, timer.round)
     elif kind is TimerKind.STANDBY_DEADLINE:
         growth.standby_deadline(step, timer.worker)
     elif kind is TimerKind.COOLDOWN_END:
