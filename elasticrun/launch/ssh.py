@@ -153,8 +153,7 @@ class SSHLauncher:
         except asyncio.CancelledError:
             future.add_done_callback(_close_channel)
             raise
-        return SSHProcess(channel, host, env.get(protocol.ENV_WORKER_ID, ""),
-                          self.settings.python, self._executor)
+        return SSHProcess(channel, host, env.get(protocol.ENV_WORKER_ID, ""), self._executor)
 
     async def close(self) -> None:
         """Closes every connection; remote workers still running are killed by their bootstrap."""

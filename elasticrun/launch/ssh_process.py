@@ -25,18 +25,17 @@ READ_CHUNK = 32 * 1024
 EXIT_CONNECTION_LOST = 255  # no exit status arrived: the connection or the bootstrap died
 STOP_EXTRA_WAIT_S = 5.0  # after the grace period, before the channel is closed
 OUTPUT_DRAIN_S = 2.0  # after the exit status, for output still in flight
-INSPECT_WAIT_S = 1.0  # a probe of the worker's host that takes longer: unreachable
+INSPECT_WAIT_S = 2.0  # a probe of the worker's host that takes longer: unreachable
 
 
 class SSHProcess:
     """A remote worker: output and exit status come from its SSH channel."""
 
     def __init__(self, channel: paramiko.Channel, host: str, worker_id: str = "",
-                 python: str = "python3", executor: Executor | None = None) -> None:
+                 executor: Executor | None = None) -> None:
         self.channel = channel
         self.host = host
         self._worker_id = worker_id  # how the host's probe finds the worker's process
-        self._python = python
         self._executor = executor
         self.stdout = asyncio.StreamReader(limit=OUTPUT_LIMIT)
         self.stderr = asyncio.StreamReader(limit=OUTPUT_LIMIT)
@@ -73,8 +72,7 @@ class SSHProcess:
         if transport is None or not transport.is_active():
             return ProcessView(ProcessState.UNREACHABLE, "its SSH connection is closed")
         return await self._loop.run_in_executor(
-            self._executor, inspect_over_ssh, transport, self._python, self._worker_id,
-            INSPECT_WAIT_S)
+            self._executor, inspect_over_ssh, transport, self._worker_id, INSPECT_WAIT_S)
 
     def _send(self, data: bytes) -> None:
         with contextlib.suppress(OSError, EOFError, paramiko.SSHException):

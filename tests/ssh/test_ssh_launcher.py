@@ -459,3 +459,22 @@ async def test_inspect_tells_running_stopped_and_gone(
     os.kill(pid, signal.SIGKILL)
     assert await wait_code(proc) == 128 + signal.SIGKILL
     assert (await proc.inspect()).state is ProcessState.GONE
+
+
+async def test_inspect_on_a_full_connection_cannot_tell_rather_than_unreachable(
+    sshd: SSHServer, spawner: SSHLauncher, env: dict[str, str], tmp_path: Path
+) -> None:
+    """The probe needs one more session on the worker's connection: where sshd's MaxSessions
+    is reached, the host cannot tell (it answered), it is not unreachable (seen in CI: a
+    worker of a full connection failed as hung)."""
+    from elasticrun.process_view import ProcessState
+
+    env["ELASTICRUN_WORKER_ID"] = "w-full"
+    procs = await asyncio.gather(*(
+        spawn_ready(spawner, "echo ready; exec sleep 30", env, tmp_path)
+        for _ in range(sshd.max_sessions)))
+    try:
+        view = await procs[0].inspect()
+        assert view.state is ProcessState.UNKNOWN and "no SSH session" in view.detail, view
+    finally:
+        await asyncio.gather(*(p.stop(1.0) for p in procs))

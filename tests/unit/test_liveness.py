@@ -234,11 +234,14 @@ def test_a_forming_rounds_laggards_are_asked_at_doubling_intervals_then_left_alo
     assert times == [1.0, 2.0, 4.0, 8.0, 16.0]
 
 
-def test_an_unreachable_laggard_is_hung_and_a_settled_round_is_not_asked_about() -> None:
+def test_an_unreachable_laggard_is_left_to_the_check_in_and_a_settled_round_to_itself(
+        ) -> None:
+    """A forming round's members send nothing while they start (importing torch on a
+    loaded host, whose sshd answers slowly too): a host that does not answer is no proof.
+    (Seen in CI: SSH workers starting up failed as hung.)"""
     sim, members = forming()
     sim.advance(1.0)
-    [cause] = failed(inspect(sim, (members[3], UNREACHABLE)))
-    assert cause.startswith("rank 3 on host b hung: not in round 1 yet, and its host does not")
+    assert failed(inspect(sim, (members[3], UNREACHABLE))) == []
     settled = Sim(config())
     settled.running(TWO_HOSTS)
     assert not of(ev.InspectWorkers, settled.advance(30.0))

@@ -24,8 +24,9 @@ log = logging.getLogger("elasticrun.driver")
 
 PUMP_DRAIN_S = 2.0  # after an exit, how long its last output may take to arrive
 # How long a worker's host gets to say what its process is doing (a hang is suspected):
-# beyond it, the host counts as unreachable (a frozen host, a cut link).
-INSPECT_TIMEOUT_S = 1.0
+# beyond it, the host counts as unreachable (a frozen host, a cut link). Not shorter: a host
+# under load answers slowly, and is not to be taken for a cut one.
+INSPECT_TIMEOUT_S = 2.0
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ while reports, or answers from inside a collective, keep coming. A member is hun
   --stuck-timeout while its peers waited (a deadlocked data loader).
 A round being formed (a member not joined, its group not built, its state not synced) has
 no collectives to stall: its laggards' hosts are asked too, from a second after its first
-join, and a laggard whose process is stopped, or whose host does not answer, is hung.
+join, and a laggard whose process is stopped is hung (one whose host does not answer may
+be starting up on a loaded host: the check-in bounds apply to it).
 A member that does not answer while its host says it runs holds its GIL (a long GC pause, a
 long C call): slow, not hung. A lasting stall is probed every few seconds; it ends when the
 reports stop. The functions return the verdicts; the machine fails the hosts (machine.py).
@@ -119,14 +120,11 @@ def inspected(step: Step, event: ProcessesInspected) -> list[Verdict]:
             verdicts.append(Verdict(worker, f"its process is {view.detail or 'stopped'}"))
         elif view.state is not ProcessState.UNREACHABLE:
             continue
-        elif stall is not None:
+        elif stall is not None:  # (a forming round's laggard may be starting up slowly)
             quiet = step.now - stall.heard.get(worker_id, stall.started)
             if quiet >= PROBE_S:
                 verdicts.append(Verdict(worker, f"no heartbeat for {quiet:.1f}s, and its host "
                                                 f"does not answer ({view.detail})"))
-        elif worker_id not in current.synced:  # a laggard of a forming round
-            verdicts.append(Verdict(worker, f"not in round {event.round} yet, and its host "
-                                            f"does not answer ({view.detail})"))
     return verdicts
 
 
