@@ -389,7 +389,7 @@ def settings() -> dict[str, Any]:
 
 
 def bench(trials: int, quick: bool) -> dict[str, Any]:
-    config = (Config(fail_step=25, hang_bound_s=QUICK_HANG_BOUND_S) if quick
+    config = (Config(fail_step=15, hang_bound_s=QUICK_HANG_BOUND_S) if quick
               else Config(fail_step=65, hang_bound_s=HANG_BOUND_S))
     python = torchft_python()
     tools: tuple[Tool, ...] = QUICK_TOOLS if quick else TOOLS

@@ -11,7 +11,8 @@ stops itself), pause=S (its training thread sleeps S seconds), gil=S (it holds t
 about S seconds, as a long GC pause does) or hang (its training thread waits forever, a
 deadlock outside collectives); each fires once per job, at the start of step STEP on the
 worker that is then rank RANK. TRAIN_SLOW_RANK=R: rank R's steps take 3x as long as
-they would (it sleeps twice a step's time after it). A file
+they would (after each it sleeps twice its own work, the CPU time of the step, and its
+step sleep). A file
 $LOG_DIR/raise-<pid> makes worker <pid> raise at its next step (and is removed).
 TRAIN_STOP_FILE: when it exists at the end of an epoch, training stops there.
 Rank 0 writes [committed step, world size] to $PROGRESS_FILE for discovery scripts.
@@ -162,7 +163,7 @@ def main() -> None:
         loader = DataLoader(dataset, batch_size=BATCH, sampler=state.sampler)
         while state.epoch < EPOCHS:
             for batch_idx, (indices, x, y) in enumerate(loader):
-                started = time.monotonic()
+                worked = time.thread_time()  # its own work: waiting for peers uses no CPU
                 maybe_fault(state.step + 1)
                 # What this rank feeds into the step, logged before its gradient joins the
                 # allreduce: if the step is kept, every rank's gradient made it in, even from
@@ -189,8 +190,8 @@ def main() -> None:
                     time.sleep(0.2)
                 elif STEP_SLEEP:
                     time.sleep(STEP_SLEEP)
-                if er.rank() == SLOW_RANK:
-                    time.sleep(2 * (time.monotonic() - started))  # 3x as long
+                if er.rank() == SLOW_RANK:  # 3x as long, whatever its peers do
+                    time.sleep(2 * (time.thread_time() - worked + STEP_SLEEP))
             state.epoch += 1
             state.sampler.set_epoch(state.epoch)
             state.commit()
