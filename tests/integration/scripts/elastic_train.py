@@ -24,6 +24,7 @@ its own NCCL host identity, so that several ranks can share one GPU over NCCL's 
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import os
@@ -106,12 +107,10 @@ def maybe_fault(step: int) -> None:
 
 
 def hold_gil(seconds: float) -> None:
-    """One C call that never lets the GIL go (sum over a range), sized to last `seconds`."""
+    """One C call that keeps the GIL for `seconds`: libc's usleep through ctypes.PyDLL,
+    which (unlike ctypes.CDLL) does not release the GIL around foreign calls."""
     started = time.perf_counter()
-    sum(range(1_000_000))
-    per_item = (time.perf_counter() - started) / 1_000_000
-    started = time.perf_counter()
-    sum(range(int(seconds / per_item)))
+    ctypes.PyDLL(None).usleep(int(seconds * 1e6))
     log("held_gil", seconds=time.perf_counter() - started)
 
 
