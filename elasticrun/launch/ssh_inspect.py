@@ -3,14 +3,17 @@
 A second session channel on the worker's connection runs one grep (no interpreter to start:
 it must answer quickly on a loaded host): it finds the processes whose environment holds
 the worker's ELASTICRUN_WORKER_ID and prints their /proc/PID/stat lines; the worker is the
-one that leads its own session. A connection that does not answer within the bound (a
-frozen host, a cut link) makes the host unreachable; a host that refuses another session
-(sshd's MaxSessions) cannot tell.
+one that leads its own session. A connection that does not open the channel within the
+bound (a frozen host, a cut link) makes the host unreachable. A host whose sshd opened it
+answered: if the probe then does not finish in time (the user's login shell runs their
+~/.bashrc first, which may take seconds: conda, pyenv), or sshd refuses another session
+(MaxSessions), the host cannot tell.
 """
 
 from __future__ import annotations
 
 import shlex
+import time
 
 import paramiko
 
@@ -39,7 +42,9 @@ def worker_state(answer: str) -> ProcessView:
 
 def inspect_over_ssh(transport: paramiko.Transport, worker_id: str,
                      timeout: float) -> ProcessView:
-    """Blocking: the state of worker `worker_id`'s process on the host behind `transport`."""
+    """Blocking: the state of worker `worker_id`'s process on the host behind `transport`,
+    within `timeout` seconds once the channel's exec request is answered."""
+    deadline = time.monotonic() + timeout
     try:
         channel = transport.open_session(timeout=timeout)
     except paramiko.ChannelException as exc:
@@ -47,15 +52,23 @@ def inspect_over_ssh(transport: paramiko.Transport, worker_id: str,
     except (paramiko.SSHException, OSError, EOFError) as exc:
         return ProcessView(ProcessState.UNREACHABLE, _one_line(exc))
     try:
-        channel.settimeout(timeout)
         channel.exec_command(probe_command(worker_id))
+    except (paramiko.SSHException, OSError, EOFError) as exc:
+        channel.close()
+        return ProcessView(ProcessState.UNREACHABLE, _one_line(exc))
+    try:
         answer = b""
-        while chunk := channel.recv(MAX_ANSWER_BYTES):
+        while True:
+            channel.settimeout(max(0.0, deadline - time.monotonic()))
+            chunk = channel.recv(MAX_ANSWER_BYTES)
+            if not chunk:
+                break
             answer += chunk
             if len(answer) > MAX_ANSWER_BYTES:
                 return ProcessView(ProcessState.UNKNOWN, "the probe said too much")
     except TimeoutError:
-        return ProcessView(ProcessState.UNREACHABLE, f"no answer over SSH within {timeout:g}s")
+        return ProcessView(ProcessState.UNKNOWN, "its host answered, but the probe did not "
+                           f"finish within {timeout:g}s (a slow login shell?)")
     except (paramiko.SSHException, OSError, EOFError) as exc:
         return ProcessView(ProcessState.UNREACHABLE, _one_line(exc))
     finally:

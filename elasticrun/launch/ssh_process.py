@@ -25,7 +25,9 @@ READ_CHUNK = 32 * 1024
 EXIT_CONNECTION_LOST = 255  # no exit status arrived: the connection or the bootstrap died
 STOP_EXTRA_WAIT_S = 5.0  # after the grace period, before the channel is closed
 OUTPUT_DRAIN_S = 2.0  # after the exit status, for output still in flight
-INSPECT_WAIT_S = 2.0  # a probe of the worker's host that takes longer: unreachable
+# A probe of the worker's host decides within this (the pool's own bound, 2 s, is the
+# backstop): a channel not opened by then, unreachable; a probe not finished, cannot tell.
+INSPECT_WAIT_S = 1.5
 
 
 class SSHProcess:

@@ -30,6 +30,11 @@ class SSHServer:
 
     max_sessions: int = MAX_SESSIONS
 
+    @property
+    def session_home(self) -> Path:
+        """HOME of the sessions' shells: a test may put a ~/.bashrc there (and removes it)."""
+        return self.root / "session_home"
+
     def known_hosts_line(self, key_pub: str | None = None) -> str:
         return f"[127.0.0.1]:{self.port} {key_pub or self.host_key_pub}\n"
 
@@ -62,7 +67,8 @@ def free_port() -> int:
 def _write_config(root: Path, port: int) -> Path:
     config = root / "sshd_config"
     config.write_text(sshd_config(port, "127.0.0.1", root / "host_key",
-                                  root / "authorized_keys", root / "sshd.pid", MAX_SESSIONS))
+                                  root / "authorized_keys", root / "sshd.pid",
+                                  root / "session_home", MAX_SESSIONS))
     return config
 
 

@@ -162,7 +162,7 @@ class Cluster:
     def _write_sshd_config(self, host: Host) -> None:
         (host.root / "sshd_config").write_text(sshd_config(
             SSH_PORT, host.addr, host.root / "host_key", self.root / "authorized_keys",
-            host.root / "sshd.pid"))
+            host.root / "sshd.pid", host.root / "session_home"))
 
     def start_sshd(self, host: Host) -> None:
         log = open(host.root / "sshd.log", "ab")  # noqa: SIM115 - handed to the child

@@ -17,8 +17,14 @@ def keygen(path: Path) -> str:
 
 
 def sshd_config(port: int, listen: str, host_key: Path, authorized_keys: Path,
-                pid_file: Path, max_sessions: int | None = None) -> str:
-    """A key-only sshd configuration for root logins in tests."""
+                pid_file: Path, session_home: Path, max_sessions: int | None = None) -> str:
+    """A key-only sshd configuration for root logins in tests.
+
+    Sessions get `session_home` as HOME (made here, empty): their shells do not run this
+    machine's own ~/.bashrc, which may do anything (pyenv's rehash takes a lock in root's home;
+    a test that kills a host mid-startup left it behind once, and every later session waited
+    60 s for it)."""
+    session_home.mkdir(parents=True, exist_ok=True)
     lines = [
         f"Port {port}",
         f"ListenAddress {listen}",
@@ -32,6 +38,7 @@ def sshd_config(port: int, listen: str, host_key: Path, authorized_keys: Path,
         "StrictModes no",
         "UseDNS no",
         f"PidFile {pid_file}",
+        f"SetEnv HOME={session_home}",
         "LogLevel ERROR",
     ]
     if max_sessions is not None:

@@ -478,3 +478,24 @@ async def test_inspect_on_a_full_connection_cannot_tell_rather_than_unreachable(
         assert view.state is ProcessState.UNKNOWN and "no SSH session" in view.detail, view
     finally:
         await asyncio.gather(*(p.stop(1.0) for p in procs))
+
+
+async def test_inspect_behind_a_slow_login_shell_cannot_tell_rather_than_unreachable(
+    sshd: SSHServer, spawner: SSHLauncher, env: dict[str, str], tmp_path: Path
+) -> None:
+    """The probe runs through the user's login shell, which runs their ~/.bashrc first
+    (conda, pyenv: seconds on a loaded host; once a minute in CI, behind a stale pyenv lock).
+    The host answered (its sshd opened the channel): it cannot tell, it is not unreachable."""
+    from elasticrun.launch.ssh_process import INSPECT_WAIT_S
+    from elasticrun.process_view import ProcessState
+
+    env["ELASTICRUN_WORKER_ID"] = "w-slow-shell"
+    proc = await spawn_ready(spawner, "echo ready; exec sleep 30", env, tmp_path)
+    bashrc = sshd.session_home / ".bashrc"
+    bashrc.write_text(f"sleep {INSPECT_WAIT_S + 3:g}\n")
+    try:
+        view = await proc.inspect()
+        assert view.state is ProcessState.UNKNOWN and "slow login shell" in view.detail, view
+    finally:
+        bashrc.unlink()
+        await proc.stop(1.0)
