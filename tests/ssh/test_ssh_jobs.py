@@ -92,7 +92,7 @@ def test_unknown_host_key_is_refused_unless_accepted(tmp_path: Path, ssh_home: P
     accepted = run_job(["--ssh-accept-new-host-keys", *args], env_for(ssh_home),
                        log_dir=tmp_path / "accepted")
     assert accepted.returncode == 0, accepted.stderr[-3000:]
-    assert "sshhost1 failed" not in accepted.stderr
+    assert "sshhost1 failed" not in accepted.stderr, accepted.stderr[-3000:]
     assert "127.0.0.1" in (ssh_home / ".ssh" / "known_hosts").read_text()
 
 
