@@ -47,6 +47,12 @@ _STOPPED = {"T": "stopped (SIGSTOP)"}
 _GONE = {"Z", "X", "x"}
 
 
+def stat_fields(text: str) -> list[str]:
+    """The fields of a /proc/PID/stat line after the command name (the state letter first);
+    the name is skipped whole, since it may hold spaces and parentheses."""
+    return text.rpartition(")")[2].split()
+
+
 def read_process_view(pid: int) -> ProcessView:
     """The state of process `pid` on this host."""
     try:
@@ -56,7 +62,7 @@ def read_process_view(pid: int) -> ProcessView:
         return ProcessView(ProcessState.GONE)
     except OSError as exc:
         return ProcessView(ProcessState.UNKNOWN, f"/proc/{pid}/stat: {exc.strerror}")
-    letter = text.rpartition(")")[2].split()[:1]
+    letter = stat_fields(text)[:1]
     if not letter:
         return ProcessView(ProcessState.UNKNOWN, f"/proc/{pid}/stat unreadable")
     return view_of_state(letter[0])
@@ -75,7 +81,7 @@ def thread_cpu_seconds(pid: int, tid: int) -> float | None:
     """CPU time (user + system) thread `tid` of process `pid` has used; None if unknown."""
     try:
         with open(f"/proc/{pid}/task/{tid}/stat", "rb") as stat:
-            fields = stat.read().decode(errors="replace").rpartition(")")[2].split()
+            fields = stat_fields(stat.read().decode(errors="replace"))
         return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
     except (OSError, IndexError, ValueError):
         return None

@@ -18,7 +18,7 @@ import time
 import paramiko
 
 from elasticrun.launch.ssh_connect import _one_line
-from elasticrun.process_view import ProcessState, ProcessView, view_of_state
+from elasticrun.process_view import ProcessState, ProcessView, stat_fields, view_of_state
 
 MAX_ANSWER_BYTES = 64 * 1024
 
@@ -34,7 +34,7 @@ def worker_state(answer: str) -> ProcessView:
     """The view of the session leader among the /proc/PID/stat lines of `answer`."""
     for line in answer.splitlines():
         pid, _, rest = line.partition(" (")
-        fields = rest.rpartition(")")[2].split()
+        fields = stat_fields(rest)
         if len(fields) > 3 and fields[3] == pid.strip():  # it leads its own session
             return view_of_state(fields[0])
     return ProcessView(ProcessState.GONE)
@@ -43,7 +43,8 @@ def worker_state(answer: str) -> ProcessView:
 def inspect_over_ssh(transport: paramiko.Transport, worker_id: str,
                      timeout: float) -> ProcessView:
     """Blocking: the state of worker `worker_id`'s process on the host behind `transport`,
-    within `timeout` seconds once the channel's exec request is answered."""
+    decided within `timeout` seconds of the call (the exec request's reply apart: a link
+    cut just then is bounded by the caller)."""
     deadline = time.monotonic() + timeout
     try:
         channel = transport.open_session(timeout=timeout)
