@@ -484,8 +484,9 @@ async def test_inspect_behind_a_slow_login_shell_cannot_tell_rather_than_unreach
     sshd: SSHServer, spawner: SSHLauncher, env: dict[str, str], tmp_path: Path
 ) -> None:
     """The probe runs through the user's login shell, which runs their ~/.bashrc first
-    (conda, pyenv: seconds on a loaded host; once a minute in CI, behind a stale pyenv lock).
-    The host answered (its sshd opened the channel): it cannot tell, it is not unreachable."""
+    (conda, pyenv: seconds on a loaded host; a minute each in CI, behind a stale pyenv
+    lock). The host answered (its sshd opened the channel): it cannot tell, it is not
+    unreachable. The probe's shell ends by itself once its start-up is over."""
     from elasticrun.launch.ssh_process import INSPECT_WAIT_S
     from elasticrun.process_view import ProcessState
 
@@ -499,3 +500,19 @@ async def test_inspect_behind_a_slow_login_shell_cannot_tell_rather_than_unreach
     finally:
         bashrc.unlink()
         await proc.stop(1.0)
+        deadline = time.monotonic() + INSPECT_WAIT_S + 10
+        while probe_shells("ELASTICRUN_WORKER_ID=w-slow-shell") and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+    assert not probe_shells("ELASTICRUN_WORKER_ID=w-slow-shell"), "the probe's shell stayed"
+
+
+def probe_shells(needle: str) -> list[int]:
+    """Processes whose command line holds `needle` (the probe's shell names the worker)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and needle.encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
