@@ -1,7 +1,8 @@
 """A world of N real worker processes joined by a real Gloo group, without a driver.
 
-Collective tests need many ranks but not the launcher: `GlooWorld(n)` starts n spawned
-processes once, builds one round's group over a FileStore, and `world.run(fn, *args)` runs
+Collective tests need many ranks but not the launcher: `GlooWorld(n)` starts n processes
+once (forked from a server that imported torch once: a world rebuilt after a failing call
+costs no imports), builds one round's group over a FileStore, and `world.run(fn, *args)` runs
 `fn(*args)` on every rank and returns the results in rank order. `fn` must be importable
 (a module-level function). A rank that raises fails the call with its traceback, and the
 world is rebuilt for the next call (its peers may be stuck in a collective).
@@ -17,6 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+# Imported once, by multiprocessing's fork server, before it forks the ranks (torch has run
+# no computation there: as safe as DataLoader's fork).
+PRELOAD = ["torch", "torch.distributed", "elasticrun.torch", "elasticrun.torch.world.session",
+           "elasticrun.torch.world.devices", "tests.collectives.world"]
 COLLECTIVE_TIMEOUT_S = 15.0
 CALL_TIMEOUT_S = 60.0
 
@@ -69,7 +74,8 @@ class GlooWorld:
     def __init__(self, size: int, backend: str = "cpu") -> None:
         self.size = size
         self.backend = backend
-        self._context = mp.get_context("spawn")
+        self._context = mp.get_context("forkserver")
+        self._context.set_forkserver_preload(PRELOAD)
         self._processes: list[Any] = []
         self._start()
 
