@@ -123,16 +123,11 @@ def ssh_setup(tmp: Path, cluster: Any) -> Setup:
                  appear=_add_host(hosts, b), notes={"HOME": str(cluster.home)})
 
 
-def _worker_pids(jobs: Jobs, host: str) -> list[int]:
-    found = []
-    for pid in tagged_pids(jobs.tag):
-        try:
-            env = (Path(f"/proc/{pid}/environ").read_bytes()).split(b"\0")
-        except OSError:
-            continue
-        if f"ELASTICRUN_HOSTNAME={host}".encode() in env:
-            found.append(pid)
-    return found
+def _worker_pids(jobs: Jobs, host: str, out: Path) -> list[int]:
+    """The live workers of `host`, by their events (a worker forked from a template shows
+    the template's environment in /proc, not its own)."""
+    logged = {e["pid"] for e in read_events(out) if e.get("host") == host}
+    return [pid for pid in tagged_pids(jobs.tag) if pid in logged]
 
 
 def _wait(out: Path, jobs: Jobs, what: str, check: Callable[[list[dict[str, Any]]], bool],
@@ -157,7 +152,7 @@ def trial(setup: Setup, params: float, tmp: Path) -> dict[str, float]:
         appeared = time.time()
         setup.appear(jobs, env)
         _wait(out, jobs, "world size 4", lambda ev: _steps(ev, 4) >= STEPS_AT_4)
-        victims = _worker_pids(jobs, setup.host_b)
+        victims = _worker_pids(jobs, setup.host_b, out)
         if not victims:
             raise RuntimeError(f"no worker of host {setup.host_b} found")
         killed = time.time()

@@ -52,6 +52,8 @@ DEFAULT_DRIVER_TIMEOUT_S = 30.0
 ENV_WEBHOOK_TOKEN = "ELASTICRUN_WEBHOOK_TOKEN"
 ENV_EVENT_SECRET = "ELASTICRUN_EVENT_SECRET"
 ENV_AGENT_TOKEN = "ELASTICRUN_AGENT_TOKEN"  # authenticates `elasticrun agent`s to the driver
+# "0": local workers are exec'd, never forked from a worker template (launch/forked.py).
+ENV_WORKER_TEMPLATE = "ELASTICRUN_WORKER_TEMPLATE"
 
 
 class HostUpdateResult(enum.IntFlag):

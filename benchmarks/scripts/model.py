@@ -36,6 +36,7 @@ CLASSES = 10
 def emit(event: str, **fields: object) -> None:
     with open(OUT, "a") as file:
         file.write(json.dumps({"event": event, "time": time.time(), "pid": os.getpid(),
+                               "host": os.environ.get("ELASTICRUN_HOSTNAME", ""),
                                **fields}) + "\n")
 
 

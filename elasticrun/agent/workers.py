@@ -1,5 +1,6 @@
 """The workers one agent runs: local subprocesses that die with the agent (SIGKILL, the
-parent-death signal), whose output, start and exit become messages for the driver."""
+parent-death signal), forked from a worker template when they can be (launch/forked.py),
+whose output, start and exit become messages for the driver."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from pathlib import Path
 from elasticrun.errors import SpawnError
 from elasticrun.launch import agent_wire as wire
 from elasticrun.launch.base import launcher_env
-from elasticrun.launch.local import LocalProcess, start_local
+from elasticrun.launch.forked import ForkedProcess, Forker
+from elasticrun.launch.local import LocalProcess, die_with_parent, start_local
 from elasticrun.process_view import ProcessState, ProcessView
 from elasticrun.timed import within
 
@@ -27,7 +29,7 @@ Emit = Callable[[wire.Message], None]
 @dataclass(eq=False)
 class RunningWorker:
     id: str
-    process: LocalProcess
+    process: LocalProcess | ForkedProcess
     exit_code: int | None = None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -42,6 +44,7 @@ class AgentWorkers:
         self._running: dict[str, RunningWorker] = {}
         self._base_env = launcher_env(os.environ)  # the agent token stays with the agent
         self.changed = asyncio.Event()  # a worker started or ended
+        self._forker = Forker(signal.SIGKILL, die_with_parent(signal.SIGKILL))
 
     def ids(self) -> list[str]:
         return list(self._running)
@@ -55,7 +58,8 @@ class AgentWorkers:
         try:
             env = {**self._base_env, **wire.unseal(self._token, message.worker, message.env)}
             cwd = self._working_dir or Path(message.cwd)
-            process = await start_local(message.command, env, cwd, signal.SIGKILL)
+            process = await self._forker.start(message.command, env, cwd) \
+                or await start_local(message.command, env, cwd, signal.SIGKILL)
         except (wire.BadMessage, SpawnError) as exc:
             self._emit(wire.StartFailed(message.worker, str(exc)))
             return
@@ -85,6 +89,7 @@ class AgentWorkers:
         tasks = [task for w in workers for task in w.tasks]
         if tasks:
             await asyncio.wait(tasks, timeout=5.0)
+        await self._forker.close()
 
     async def _pump(self, worker: RunningWorker, stream: str,
                     reader: asyncio.StreamReader) -> None:

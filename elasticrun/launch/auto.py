@@ -25,6 +25,7 @@ class AutoLauncher:
         return await self._ssh.start(spec)
 
     async def close(self) -> None:
+        await self._local.close()
         if self._ssh is not None:
             await self._ssh.close()
 

@@ -1,4 +1,5 @@
-"""Local workers: subprocesses, each the leader of its own session and process group.
+"""Local workers: subprocesses, each the leader of its own session and process group, forked
+from a worker template when they are Python scripts (forked.py), exec'd otherwise.
 
 If their parent (the driver, an agent, or srun's caller) is killed (SIGKILL: no chance to
 stop anyone), the kernel sends each of them SIGTERM (Linux's parent-death signal), so none
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from elasticrun.errors import SpawnError
 from elasticrun.launch.base import WorkerSpec
+from elasticrun.launch.forked import ForkedProcess, Forker
 from elasticrun.launch.plugins import LaunchOptions, no_arg
 from elasticrun.process_view import ProcessState, ProcessView, read_process_view
 from elasticrun.spawning import signal_session, spawn_session
@@ -39,7 +41,7 @@ def _parent_death_signal() -> ctypes._CFuncPtr | None:  # type: ignore[name-defi
 _prctl = _parent_death_signal()
 
 
-def _die_with_parent(death_signal: int) -> Callable[[], None]:
+def die_with_parent(death_signal: int) -> Callable[[], None]:
     parent = os.getpid()
 
     def set_signal() -> None:
@@ -104,7 +106,7 @@ async def start_local(command: Sequence[str], env: Mapping[str, str], cwd: Path,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
-            preexec_fn=_die_with_parent(death_signal),
+            preexec_fn=die_with_parent(death_signal),
             limit=OUTPUT_LIMIT,
         )
     except FileNotFoundError as exc:
@@ -121,11 +123,18 @@ async def start_local(command: Sequence[str], env: Mapping[str, str], cwd: Path,
 class LocalLauncher:
     """Workers as subprocesses of the driver, on this machine."""
 
-    async def start(self, spec: WorkerSpec) -> LocalProcess:
-        return await start_local(spec.command, spec.env, spec.cwd)
+    def __init__(self) -> None:
+        self._forker = Forker(signal.SIGTERM, die_with_parent(signal.SIGTERM))
+
+    async def start(self, spec: WorkerSpec) -> LocalProcess | ForkedProcess:
+        env = spec.env
+        forked = await self._forker.start(spec.command, env, spec.cwd)
+        if forked is not None:
+            return forked
+        return await start_local(spec.command, env, spec.cwd)
 
     async def close(self) -> None:
-        return None
+        await self._forker.close()
 
 
 def plugin(options: LaunchOptions) -> LocalLauncher:

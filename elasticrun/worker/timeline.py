@@ -189,6 +189,7 @@ class _Recorder:
         self._named: set[int] = set()  # threads of this lane already named
         self._tracks = Tracks()
         self._dropped = 0
+        self._known: tuple[int, str] = (-1, "")  # the last lane with a rank
 
     def open(self, path: str) -> None:
         assert self.client is not None
@@ -200,13 +201,23 @@ class _Recorder:
         except DriverUnreachableError as exc:
             raise ValueError(f"timeline {path}: {exc}") from None
 
+    def current_lane(self) -> tuple[int, str]:
+        """This worker's rank and host, or once it left its round the last ones it had."""
+        rank, host = self._lane()
+        if rank >= 0:
+            self._known = (rank, host)
+            return rank, host
+        return self._known if self._known[0] >= 0 else (rank, host)
+
     def begin(self) -> None:
+        self.current_lane()
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name="elasticrun-timeline",
                                             daemon=True)
             self._thread.start()
 
     def wake(self) -> None:
+        self.current_lane()  # called by the training thread, while it may still have a rank
         self._wake.set()
 
     def close(self, timeout: float) -> None:
@@ -239,7 +250,7 @@ class _Recorder:
             batch: list[list[Any]] = []
             while _events and len(batch) < MAX_BATCH:
                 batch.extend(self._encode(_events.popleft()))
-            rank, host = self._lane()
+            rank, host = self.current_lane()
             payload = {"worker_id": self._worker_id, "rank": rank, "host": host,
                        "events": batch, "dropped": self._dropped}
             try:

@@ -25,7 +25,7 @@ from tests.integration.harness import (
     SCRIPTS,
     JobResult,
     assert_no_orphans,
-    env_of,
+    is_zombie,
     job_env,
     read_records,
     tagged_pids,
@@ -98,8 +98,10 @@ class AgentJob:
                                  f"{self.agent_log(host)[-2000:]}") from None
 
     def workers_on(self, host: str) -> list[int]:
-        return [pid for pid in tagged_pids(self.tag)
-                if env_of(pid).get("ELASTICRUN_HOSTNAME") == host]
+        """The live workers on `host`, by the records they wrote (a worker forked from a
+        template shows the template's environment in /proc, not its own)."""
+        logged = {r["pid"] for r in read_records(self.log_dir) if r.get("host") == host}
+        return [pid for pid in tagged_pids(self.tag) if pid in logged and not is_zombie(pid)]
 
     # --- the job ----------------------------------------------------------------------------
     def step(self) -> tuple[int, int]:

@@ -12,6 +12,7 @@ from tests.integration.harness import (
     PYTHON,
     SCRIPTS,
     assert_no_orphans,
+    read_records,
     start_job,
     tagged_pids,
 )
@@ -34,6 +35,24 @@ def test_killed_driver_takes_its_local_workers_along() -> None:
     assert_no_orphans(tag, within=5)
 
 
+def test_killed_driver_takes_its_forked_workers_and_their_template_along(tmp_path: Path
+                                                                         ) -> None:
+    """Python workers are forked from a worker template: the driver's SIGKILL ends the
+    template (its parent-death signal), and the template's end ends the workers."""
+    progress = tmp_path / "progress"
+    env = {"TRAIN_SAMPLES": "4096", "TRAIN_EPOCHS": "1", "TRAIN_STEP_SLEEP": "0.05",
+           "LOG_DIR": str(tmp_path), "PROGRESS_FILE": str(progress)}
+    proc, tag = start_job(["-np", "2", PYTHON, str(SCRIPTS / "elastic_train.py")], env)
+    wait_for("step 2", lambda: progress.exists() and
+             json.loads(progress.read_text() or "[0]")[0] >= 2)
+    workers = {r["pid"] for r in read_records(tmp_path)}
+    template = set(tagged_pids(tag)) - workers - {proc.pid}
+    assert len(workers) == 2 and len(template) == 1  # forked, not exec'd
+    proc.kill()
+    proc.communicate(timeout=30)
+    assert_no_orphans(tag, within=5)
+
+
 def test_workers_stop_when_the_driver_stops_answering(tmp_path: Path) -> None:
     """A driver that hangs (here: SIGSTOP) closes nothing; the workers notice its silence
     within --driver-timeout and stop, saying why."""
@@ -45,8 +64,8 @@ def test_workers_stop_when_the_driver_stops_answering(tmp_path: Path) -> None:
     try:
         wait_for("step 3", lambda: progress.exists() and
                  json.loads(progress.read_text() or "[0]")[0] >= 3)
-        workers = set(tagged_pids(tag)) - {proc.pid}
-        assert len(workers) == 2
+        workers = {r["pid"] for r in read_records(tmp_path)}  # what they logged
+        assert len(workers) == 2 and workers <= set(tagged_pids(tag))
         os.kill(proc.pid, signal.SIGSTOP)
         stopped_at = time.monotonic()
         wait_for("the workers to stop", lambda: not (set(tagged_pids(tag)) & workers),

@@ -105,7 +105,9 @@ def test_secret_is_in_no_log_line_event_status_or_command_line(tmp_path: Path) -
                  "LOG_DIR": str(logs)}
     proc, tag = start_job(["-np", "4", "--min-np", "2", "-v", "--host-discovery-script",
                            str(script), "--port", str(port), "--event-log", str(events),
-                           PYTHON, str(SCRIPTS / "elastic_train.py")], train_env)
+                           # -u: exec'd, not forked from a template (this test reads the
+                           # secret from the workers' /proc/PID/environ)
+                           PYTHON, "-u", str(SCRIPTS / "elastic_train.py")], train_env)
     secret = None
     cmdlines = []
     deadline = time.monotonic() + 60
