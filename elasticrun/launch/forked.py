@@ -127,7 +127,10 @@ class _Template:
                 return
             message = json.loads(data)
             if "ready" in message and not self.ready.done():
-                self.ready.set_result(None)
+                if message["ready"]:
+                    self.ready.set_result(None)
+                else:  # it cannot fork safely (the CUDA driver is loaded)
+                    self.ready.set_exception(SpawnError("the worker template cannot fork"))
             elif "started" in message:
                 pid = message["started"]
                 self._exits[pid] = asyncio.get_running_loop().create_future()

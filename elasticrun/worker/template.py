@@ -50,9 +50,20 @@ def _preload() -> None:
             continue
 
 
+def cuda_driver_loaded(maps: str) -> bool:
+    """Whether this process (its /proc/self/maps) loaded the CUDA driver: a child forked
+    after that cannot use CUDA ("initialization error"), so the template must not fork."""
+    return any(line.rstrip().endswith(("/libcuda.so", "/libcuda.so.1"))
+               or "/libcuda.so." in line for line in maps.splitlines())
+
+
 def _serve(fd: int) -> list[str]:
     sock = socket.socket(fileno=fd)
     _preload()
+    with open("/proc/self/maps") as maps:
+        if cuda_driver_loaded(maps.read()):  # an import touched the GPU: exec every worker
+            sock.sendall(b'{"ready": false}')
+            os._exit(0)
     gc.freeze()  # the collector of a child would touch (and copy) every preloaded object
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)

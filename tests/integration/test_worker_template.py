@@ -16,6 +16,7 @@ import pytest
 
 from elasticrun.launch.forked import ForkedProcess, Forker, forkable, template_env
 from elasticrun.launch.local import die_with_parent
+from elasticrun.worker.template import cuda_driver_loaded
 from tests.integration.harness import REPO
 
 SCRIPT = REPO / "tests" / "integration" / "scripts" / "describe_self.py"
@@ -31,6 +32,16 @@ def test_only_plain_python_scripts_and_modules_are_forked(tmp_path: Path) -> Non
     assert not forkable(["bash", "train.py"], tmp_path)
     assert not forkable(["python"], tmp_path)
     assert not forkable(["python", "-m", "bad name"], tmp_path)
+
+
+def test_a_template_that_loaded_the_cuda_driver_does_not_fork() -> None:
+    cpu = "7f0-7f1 r-xp 0 08:01 1 /venv/lib/python3.11/site-packages/torch/lib/libtorch.so\n"
+    assert not cuda_driver_loaded(cpu)
+    assert not cuda_driver_loaded(cpu + "7f2-7f3 r-xp 0 08:01 2 /usr/lib/libcudart.so.12\n")
+    assert cuda_driver_loaded(cpu + "7f2-7f3 r-xp 0 08:01 2 /usr/lib/x86_64-linux-gnu/"
+                                    "libcuda.so.550.54.15\n")
+    with open("/proc/self/maps") as maps:  # the test process: torch imported, no driver
+        assert not cuda_driver_loaded(maps.read())
 
 
 def test_the_template_gets_the_jobs_environment_without_per_worker_values() -> None:
