@@ -104,13 +104,15 @@ fi
 
 def test_a_failed_host_is_kept_out_for_horovods_cooldown(tmp_path: Path) -> None:
     """Horovod's test_resurrecting_blacklisted_hosts_exponential_backoff: with cooldown
-    range 1 2 the failed host is out for 2 s (MIN * 2 + uniform * MIN, clipped to MAX)."""
+    range 10 20 the failed host is out for 20 s (MIN * 2 + uniform * MIN, clipped to MAX),
+    longer than the rest of the job (a shorter cooldown raced the job's end: replacement
+    workers start at once; test_failed_host_returns_after_cooldown has the return)."""
     schedule: horovod_style.Schedule = [(None, ["localhost:2", "127.0.0.1:2"])]
     result, records = horovod_style.run(
         tmp_path, schedule, np=4, min_np=2, max_np=4,
-        flags=["--blacklist-cooldown-range", "1", "2"], exit_schedule={"(1, 0)": [3]},
+        flags=["--blacklist-cooldown-range", "10", "20"], exit_schedule={"(1, 0)": [3]},
         script_args=["--epochs", "5", "--epoch-wait", "0.25"])
     assert_ok(result)
     assert view(records, "size") == [(4,), (2,), (2,), (2,), (2,)]
     assert "host 127.0.0.1 failed" in result.stderr
-    assert "blacklisted for 2.0s" in result.stderr
+    assert "blacklisted for 20.0s" in result.stderr
