@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 from elasticrun.timed import within
@@ -48,3 +48,17 @@ def signal_session(pid: int, sig: int) -> None:
     """Sends `sig` to the process group that `pid` leads (gone already: nothing to do)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
+
+
+async def stop_session(pid: int, exited: Awaitable[object], grace_period: float) -> None:
+    """SIGTERM to the session `pid` leads, SIGKILL after `grace_period`, then a bounded wait
+    for `exited` (the leader's exit, shielded: its waiters are not cancelled)."""
+    ended = asyncio.ensure_future(exited)
+    if not ended.done():
+        signal_session(pid, signal.SIGTERM)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await within(asyncio.shield(ended), grace_period)
+    signal_session(pid, signal.SIGKILL)
+    if not ended.done():
+        with contextlib.suppress(asyncio.TimeoutError):
+            await within(asyncio.shield(ended), SETTLE_S)

@@ -28,7 +28,7 @@ from pathlib import Path
 from elasticrun import protocol
 from elasticrun.errors import SpawnError
 from elasticrun.process_view import ProcessState, ProcessView, read_process_view
-from elasticrun.spawning import kill_session, signal_session, spawn_session
+from elasticrun.spawning import kill_session, signal_session, spawn_session, stop_session
 from elasticrun.timed import within
 
 log = logging.getLogger("elasticrun.launch")
@@ -92,13 +92,7 @@ class ForkedProcess:
         return code
 
     async def stop(self, grace_period: float) -> None:
-        if not self._exited.done():
-            signal_session(self.pid, signal.SIGTERM)
-            with contextlib.suppress(asyncio.TimeoutError):
-                await within(asyncio.shield(self._exited), grace_period)
-        signal_session(self.pid, signal.SIGKILL)
-        with contextlib.suppress(asyncio.TimeoutError):
-            await within(asyncio.shield(self._exited), 5.0)
+        await stop_session(self.pid, self._exited, grace_period)
 
 
 class _Template:

@@ -9,7 +9,6 @@ outlives it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ctypes
 import os
 import signal
@@ -22,8 +21,7 @@ from elasticrun.launch.base import WorkerSpec
 from elasticrun.launch.forked import ForkedProcess, Forker
 from elasticrun.launch.plugins import LaunchOptions, no_arg
 from elasticrun.process_view import ProcessState, ProcessView, read_process_view
-from elasticrun.spawning import signal_session, spawn_session
-from elasticrun.timed import within
+from elasticrun.spawning import signal_session, spawn_session, stop_session
 
 OUTPUT_LIMIT = 1024 * 1024  # bytes a reader buffers before the pump drains it
 _PR_SET_PDEATHSIG = 1
@@ -79,17 +77,7 @@ class LocalProcess:
         return code
 
     async def stop(self, grace_period: float) -> None:
-        if self._proc.returncode is not None:
-            signal_session(self.pid, signal.SIGKILL)
-            return
-        signal_session(self.pid, signal.SIGTERM)
-        try:
-            await within(asyncio.shield(self._proc.wait()), grace_period)
-        except asyncio.TimeoutError:
-            pass
-        signal_session(self.pid, signal.SIGKILL)
-        with contextlib.suppress(asyncio.TimeoutError):
-            await within(asyncio.shield(self._proc.wait()), 5.0)
+        await stop_session(self.pid, self._proc.wait(), grace_period)
 
 
 async def start_local(command: Sequence[str], env: Mapping[str, str], cwd: Path,
