@@ -240,7 +240,7 @@ class Agent:
             if self._draining:
                 self._outbox.put(wire.StartFailed(message.worker, "the agent is draining"))
             else:
-                await self._workers.start(message)
+                self._workers.begin(message)
         elif isinstance(message, wire.Stop):
             self._workers.stop(message.worker, message.grace)
         elif isinstance(message, wire.Inspect):

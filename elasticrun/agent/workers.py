@@ -1,6 +1,12 @@
 """The workers one agent runs: local subprocesses that die with the agent (SIGKILL, the
 parent-death signal), forked from a worker template when they can be (launch/forked.py),
-whose output, start and exit become messages for the driver."""
+whose output, start and exit become messages for the driver.
+
+A start runs beside the agent's connection, never in its way: the first one starts the
+template, whose imports take seconds (tens on a loaded host), and an agent that stopped
+reading the driver's messages meanwhile would take the driver's silence for its loss. A
+stop that comes while its worker is starting is kept, and done once the process exists.
+"""
 
 from __future__ import annotations
 
@@ -42,15 +48,26 @@ class AgentWorkers:
         self._working_dir = working_dir
         self._emit = emit
         self._running: dict[str, RunningWorker] = {}
+        self._starting: dict[str, asyncio.Task[None]] = {}
+        self._stop_when_started: dict[str, float] = {}  # worker id: its stop's grace
         self._base_env = launcher_env(os.environ)  # the agent token stays with the agent
         self.changed = asyncio.Event()  # a worker started or ended
         self._forker = Forker(signal.SIGKILL, die_with_parent(signal.SIGKILL))
 
     def ids(self) -> list[str]:
-        return list(self._running)
+        return [*self._running, *self._starting]
 
     def __len__(self) -> int:
-        return len(self._running)
+        return len(self._running) + len(self._starting)
+
+    def begin(self, message: wire.Start) -> None:
+        """Starts the worker in the background (see the module's docstring)."""
+        worker = message.worker
+        if worker in self._running or worker in self._starting:
+            return
+        task = asyncio.get_running_loop().create_task(self.start(message))
+        self._starting[worker] = task
+        task.add_done_callback(lambda _: self._starting.pop(worker, None))
 
     async def start(self, message: wire.Start) -> None:
         if message.worker in self._running:
@@ -71,19 +88,32 @@ class AgentWorkers:
         worker.tasks.append(loop.create_task(self._watch(worker)))
         self._emit(wire.Started(worker.id, process.pid))
         self.changed.set()
+        grace = self._stop_when_started.pop(worker.id, None)
+        if grace is not None:
+            self.stop(worker.id, grace)
 
     def stop(self, worker_id: str, grace: float) -> None:
         worker = self._running.get(worker_id)
         if worker is not None:
             asyncio.get_running_loop().create_task(worker.process.stop(grace))
+        elif worker_id in self._starting:
+            self._stop_when_started[worker_id] = grace
 
     async def inspect(self, worker_id: str) -> ProcessView:
         worker = self._running.get(worker_id)
-        return await worker.process.inspect() if worker is not None \
-            else ProcessView(ProcessState.GONE)
+        if worker is None:
+            return ProcessView(ProcessState.RUNNING, "starting") \
+                if worker_id in self._starting else ProcessView(ProcessState.GONE)
+        return await worker.process.inspect()
 
     async def stop_all(self, grace: float) -> None:
-        """Stops every worker and waits (bounded by the grace and a few seconds) for them."""
+        """Stops every worker and waits (bounded by the grace and a few seconds) for them.
+        Starts under way are cancelled first (a cancelled start leaves no process)."""
+        starting = list(self._starting.values())
+        for task in starting:
+            task.cancel()
+        if starting:
+            await asyncio.wait(starting, timeout=5.0)
         workers = list(self._running.values())
         await asyncio.gather(*(w.process.stop(grace) for w in workers), return_exceptions=True)
         tasks = [task for w in workers for task in w.tasks]

@@ -258,6 +258,9 @@ class Forker:
             log.debug("the worker template did not start: workers are exec'd")
             await template.close()
             return None
+        except asyncio.CancelledError:  # (the start it was for was cancelled)
+            await template.close()
+            raise
         return template
 
     async def close(self) -> None:

@@ -1,6 +1,7 @@
 """Agents on loopback (hosts a1, a2 are names, not machines): the job grows as agents join
 and ends them; a wrong token changes nothing; a driver that stops answering for less than
-the agents' grace loses nothing."""
+the agents' grace loses nothing; an agent whose worker takes longer to start than its grace
+keeps hearing the driver."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.agents.harness import TRAIN, AgentJob, train_env
+from tests.integration.harness import PYTHON, SCRIPTS
 from tests.integration.progress import check_job
 
 COMMON = ["--start-timeout", "60", "--discovery-interval", "0.2"]
@@ -88,6 +90,27 @@ def test_a_driver_silent_for_less_than_the_grace_loses_nothing(
     assert sorted(views[0].ranks_by_pid) == pids
     for host in ("a1", "a2"):
         assert job.wait_agent(host) == 0, job.agent_log(host)
+    job.close()
+
+
+def test_a_worker_slower_to_start_than_the_grace_does_not_cost_the_driver(
+        tmp_path: Path, jobs: list[AgentJob]) -> None:
+    """The agent's first start is its worker template's (seconds of imports, tens on a
+    loaded host: here 5 s more, by the interpreter). Meanwhile the agent goes on reading
+    the driver's messages, so it does not take the driver's silence for its loss."""
+    slow = tmp_path / "bin" / "python"  # forkable: a `python` that starts 5 s late
+    slow.parent.mkdir()
+    slow.write_text(f"#!/bin/sh\nsleep 5\nexec {PYTHON} \"$@\"\n")
+    slow.chmod(0o755)
+    env = train_env(tmp_path / "logs", tmp_path / "progress", epochs=2)
+    job = AgentJob(tmp_path, ["-np", "1", *COMMON, str(slow),
+                              str(SCRIPTS / "elastic_train.py")], env)
+    jobs.append(job)
+    job.start_agent("a1", 1, extra=["--driver-grace", "3"])
+    result = job.finish()
+    assert [v.size for v in check_job(result.records, samples=64, epochs=2)] == [1]
+    assert job.wait_agent("a1") == 0, job.agent_log("a1")
+    assert "has not answered" not in job.agent_log("a1")
     job.close()
 
 
