@@ -32,7 +32,7 @@ def test_a_horovod_script_survives_a_kill_and_ends_bitwise_equal(
         tmp_path: Path, hosts: str, np_args: list[str], options: list[str],
         final_size: int) -> None:
     result = run_job(["-H", hosts, *np_args, PYTHON, str(SCRIPT), "--digest-dir",
-                      str(tmp_path), *options], timeout=150)
+                      str(tmp_path), "--samples", "128", *options], timeout=150)
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "killed").exists(), "the scheduled SIGKILL did not happen"
     assert "was killed by SIGKILL" in result.stderr
