@@ -65,19 +65,18 @@ class AgentWorkers:
         worker = message.worker
         if worker in self._running or worker in self._starting:
             return
-        task = asyncio.get_running_loop().create_task(self.start(message))
+        task = asyncio.get_running_loop().create_task(self._start(message))
         self._starting[worker] = task
         task.add_done_callback(lambda _: self._starting.pop(worker, None))
 
-    async def start(self, message: wire.Start) -> None:
-        if message.worker in self._running:
-            return
+    async def _start(self, message: wire.Start) -> None:
         try:
             env = {**self._base_env, **wire.unseal(self._token, message.worker, message.env)}
             cwd = self._working_dir or Path(message.cwd)
             process = await self._forker.start(message.command, env, cwd) \
                 or await start_local(message.command, env, cwd, signal.SIGKILL)
         except (wire.BadMessage, SpawnError) as exc:
+            self._stop_when_started.pop(message.worker, None)
             self._emit(wire.StartFailed(message.worker, str(exc)))
             return
         worker = RunningWorker(message.worker, process)
