@@ -11,8 +11,9 @@ recovery     4 workers (2 hosts x 2 on loopback), ~10M parameters, --backend ncc
              SIGKILLed between two commits: kill -> first completed step after, with
              recovery.py's breakdown (detection, decision, rendezvous, groups: Gloo and the
              NCCL communicator, sync, first step) and the survivors' abort and teardown.
-throughput   2 workers, the same model: elasticrun (DistributedOptimizer, commit every 10
-             steps) against DDP over NCCL under torchrun, same run.
+throughput   2 workers, overhead.py's MLPs of 1M and 10M parameters: elasticrun
+             (DistributedOptimizer, commit every 10 steps) against DDP over NCCL under
+             torchrun, interleaved in the same run.
 commit       one process: TorchState.commit() and restore() of a model and its Adam state
              with commits kept on the device or in pinned host memory.
 """
@@ -66,17 +67,22 @@ def recovery(trials: int, quick: bool) -> dict[str, Any]:
 def throughput(trials: int, quick: bool) -> dict[str, Any]:
     import overhead
 
-    params, steps = (1e5, 21) if quick else (1e7, 101)
+    sizes = {1e5: 21} if quick else {1e6: 501, 1e7: 101}
     env = {**GPU_ENV, "ELASTICRUN_BACKEND": GPU_ARGS[1]}
-    runs: dict[str, list[dict[str, float]]] = {"ddp": [], "commit_10": []}
-    for _ in range(trials):
-        for config in runs:
-            runs[config].append(overhead.run_config(config, params, steps, env))
-    rate = {c: statistics.median(r["steps_per_s"] for r in runs[c]) for c in runs}
-    print_table(f"GPU throughput: 2 workers on one GPU, ~{params / 1e6:g}M parameters, steps/s "
-                f"(median of {trials})", ["DDP (NCCL)", "elasticrun, commit every 10", "ratio"],
-                [[rate["ddp"], rate["commit_10"], f"{rate['commit_10'] / rate['ddp']:.2f}x"]])
-    return {"steps_per_s": rate, "trials": runs}
+    results: dict[str, Any] = {}
+    rows = []
+    for params, steps in sizes.items():
+        runs: dict[str, list[dict[str, float]]] = {"ddp": [], "commit_10": []}
+        for _ in range(trials):  # interleaved, so that drift of the machine hits both
+            for config in runs:
+                runs[config].append(overhead.run_config(config, params, steps, env))
+        rate = {c: statistics.median(r["steps_per_s"] for r in runs[c]) for c in runs}
+        results[f"{params:g}"] = {"steps_per_s": rate, "trials": runs}
+        rows.append([f"{params / 1e6:g}M", rate["ddp"], rate["commit_10"],
+                     f"{rate['commit_10'] / rate['ddp']:.2f}x"])
+    print_table(f"GPU throughput: 2 workers on one GPU, MLP, steps/s (median of {trials})",
+                ["parameters", "DDP (NCCL)", "elasticrun, commit every 10", "ratio"], rows)
+    return results
 
 
 def commit(trials: int, quick: bool) -> dict[str, Any]:

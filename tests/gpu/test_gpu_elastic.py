@@ -53,9 +53,13 @@ def test_a_failed_rank_and_the_survivors_recover_in_process(tmp_path: Path, mode
     first = {r["pid"]: r for r in rounds if r["size"] == 4}
     survivors = {r["pid"]: r for r in rounds if r["size"] == 2}
     assert set(survivors) <= set(first)  # the survivors went on in-process: no new workers
-    for pid, later in survivors.items():  # the aborted round's buffers are gone
-        before = first[pid]["gpu_allocated"]
-        assert later["gpu_allocated"] <= before * 1.05 + (1 << 20), (first[pid], later)
+    for pid, later in survivors.items():
+        # The aborted round's buffers are gone: at the new round's start a survivor holds no
+        # more than it did while training in the first (cuBLAS's workspaces, allocated at
+        # the first matmul, included in both).
+        steady = max(r["gpu_allocated"] for r in result.records
+                     if r["event"] == "step" and r["pid"] == pid and r["size"] == 4)
+        assert later["gpu_allocated"] <= steady * 1.05 + (1 << 20), (steady, later)
 
 
 def test_a_host_added_mid_run(tmp_path: Path) -> None:

@@ -179,7 +179,9 @@ def main() -> None:
                 # after it, which the "round" records tell.
                 log("step", round=runtime.current().round, rank=er.rank(), size=er.size(),
                     epoch=state.epoch, step=state.step, indices=indices.tolist(),
-                    hash=params_hash(model))
+                    hash=params_hash(model), **({} if device.type != "cuda" else
+                                                {"gpu_allocated":
+                                                 torch.cuda.memory_allocated(device)}))
                 state.commit()
                 if PROGRESS_FILE and er.rank() == 0:
                     with open(PROGRESS_FILE + ".tmp", "w") as file:
