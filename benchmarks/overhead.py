@@ -34,6 +34,10 @@ from benchlib import (
 WARMUP_STEPS = 5
 WINDOW = 10
 CONFIGS = ("ddp", "commit_never", "commit_10", "commit_1", "commit_10_no_hang_detection")
+# --quick (the suite's smoke test): every path the full run takes, in three jobs: torchrun's
+# DDP, elasticrun committing (the commit's duration from its commits), and without hang
+# detection; "never" and "every step" differ from "every 10" by an environment variable only.
+QUICK_CONFIGS = ("ddp", "commit_10", "commit_10_no_hang_detection")
 
 
 def _throughput(out: Path) -> dict[str, float]:
@@ -78,25 +82,29 @@ def bench(trials: int, quick: bool) -> dict[str, Any]:
                  if size in {float(s) for s in chosen.split(",")}} or sizes
     results: dict[str, Any] = {}
     rows = []
+    configs = QUICK_CONFIGS if quick else CONFIGS
     for params, steps in sizes.items():
-        runs: dict[str, list[dict[str, float]]] = {c: [] for c in CONFIGS}
+        runs: dict[str, list[dict[str, float]]] = {c: [] for c in configs}
         for _ in range(trials):  # interleaved, so that drift of the machine hits all
-            for config in CONFIGS:
+            for config in configs:
                 runs[config].append(run_config(config, params, steps))
-        rate = {c: median(r["steps_per_s"] for r in runs[c]) for c in CONFIGS}
-        commit_ms = median(r["commit_ms"] for r in runs["commit_1"])
+        rate = {c: median(r["steps_per_s"] for r in runs[c]) for c in configs}
+        commit_ms = median(r["commit_ms"] for r in runs["commit_1" if "commit_1" in runs
+                                                         else "commit_10"])
         # commit/1 against no commit, trial by trial (each trial runs both back to back)
         vs_never = median(every["steps_per_s"] / never["steps_per_s"]
                           for every, never in zip(runs["commit_1"], runs["commit_never"],
-                                                  strict=True))
+                                                  strict=True)) if "commit_1" in runs else None
         hang_cost = median(1 - on["steps_per_s"] / off["steps_per_s"]
                            for on, off in zip(runs["commit_10"],
                                               runs["commit_10_no_hang_detection"], strict=True))
         results[f"{params:g}"] = {"trials": runs, "steps_per_s": rate, "commit_ms": commit_ms,
                                   "commit_1_vs_never": vs_never, "hang_detection_cost": hang_cost}
         rows.append([f"{params / 1e6:g}M", rate["ddp"],
-                     *(f"{rate[c]:.3f} ({rate[c] / rate['ddp']:.2f}x)" for c in CONFIGS[1:4]),
-                     f"{vs_never:.2f}x", commit_ms, f"{100 * hang_cost:+.1f}%"])
+                     *(f"{rate[c]:.3f} ({rate[c] / rate['ddp']:.2f}x)" if c in rate else "-"
+                       for c in CONFIGS[1:4]),
+                     "-" if vs_never is None else f"{vs_never:.2f}x", commit_ms,
+                     f"{100 * hang_cost:+.1f}%"])
     print_table(f"overhead: 2 workers, steps/s (x DDP under torchrun), median of {trials}",
                 ["params", "DDP", "no commit", "commit/10", "commit/1", "commit/1 vs none",
                  "commit ms", "hang detection"], rows)
