@@ -10,9 +10,9 @@ Faults (env): FAULTS="STEP:RANK:MODE,..." with MODE exception|sigkill|exit|sigst
 stops itself), pause=S (its training thread sleeps S seconds), gil=S (it holds the GIL for
 about S seconds, as a long GC pause does) or hang (its training thread waits forever, a
 deadlock outside collectives); each fires once per job, at the start of step STEP on the
-worker that is then rank RANK. TRAIN_SLOW_RANK=R: rank R's steps take 3x as long as
-they would (after each it sleeps twice its own work, the CPU time of the step, and its
-step sleep). A file
+worker that is then rank RANK (RANK "*": on every worker, once in each).
+TRAIN_SLOW_RANK=R: rank R's steps take 3x as long as they would (after each it sleeps
+twice its own work, the CPU time of the step, and its step sleep). A file
 $LOG_DIR/raise-<pid> makes worker <pid> raise at its next step (and is removed).
 TRAIN_STOP_FILE: when it exists at the end of an epoch, training stops there.
 Rank 0 writes [committed step, world size] to $PROGRESS_FILE for discovery scripts.
@@ -81,10 +81,13 @@ def maybe_fault(step: int) -> None:
         raise ValueError(f"injected exception at step {step}")
     for spec in filter(None, os.environ.get("FAULTS", "").split(",")):
         fault_step, fault_rank, mode = spec.split(":")
-        if int(fault_step) != step or int(fault_rank) != er.rank():
+        if int(fault_step) != step or fault_rank not in ("*", str(er.rank())):
             continue
-        try:  # fire once per job, even if a worker is later respawned
-            os.close(os.open(os.path.join(LOG_DIR, f"fault-{spec}"), os.O_CREAT | os.O_EXCL))
+        # Fire once per job, even if a worker is later respawned; a fault for any rank ("*")
+        # once in each process.
+        marker = f"fault-{spec}" + (f"-{os.getpid()}" if fault_rank == "*" else "")
+        try:
+            os.close(os.open(os.path.join(LOG_DIR, marker), os.O_CREAT | os.O_EXCL))
         except FileExistsError:
             continue
         log("fault", step=step, mode=mode, rank=er.rank())
