@@ -27,6 +27,7 @@ from model import (  # noqa: E402
     STEPS,
     STEPS_AT_TARGET,
     TARGET_SIZE,
+    StepProfile,
     batch,
     build_model,
     emit,
@@ -66,6 +67,7 @@ def main() -> None:
     state.register_reset_callbacks([lambda: emit_join("reset")])
     data, target = batch(er.rank())
     at_target = 0
+    profile = StepProfile(er.rank())
 
     @er.elastic.run
     def train(state: er.elastic.TorchState) -> None:
@@ -77,6 +79,7 @@ def main() -> None:
                     and runtime.current().round == 1:
                 emit("kill", rank=er.rank(), step=state.step, anon_mb=anonymous_mb())
                 os.kill(os.getpid(), signal.SIGKILL)
+            profile.at(state.step)
             commit_s = 0.0
             try:
                 optimizer.zero_grad()

@@ -6,7 +6,8 @@ BENCH_STEPS (stop after this step), BENCH_KILL_STEP / BENCH_KILL_RANK (that rank
 itself at that step, once), BENCH_TARGET_SIZE / BENCH_STEPS_AT_TARGET (scale-up: stop
 after that many steps at that world size), BENCH_DEVICE (cpu, or cuda: every worker on
 the current GPU), BENCH_NCCL_HOST_PER_WORKER=1 (each worker its own NCCL host identity, so
-that several ranks can share one GPU over NCCL's sockets).
+that several ranks can share one GPU over NCCL's sockets), BENCH_PROFILE (rank 0 writes
+torch profiler's tables of steps PROFILE_STEPS to this file).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ STEPS_AT_TARGET = int(os.environ.get("BENCH_STEPS_AT_TARGET", "5"))
 DEVICE = torch.device(os.environ.get("BENCH_DEVICE", "cpu"))
 if os.environ.get("BENCH_NCCL_HOST_PER_WORKER") == "1":
     os.environ["NCCL_HOSTID"] = f"elasticrun-bench-{os.getpid()}"
+PROFILE = os.environ.get("BENCH_PROFILE", "")
+PROFILE_STEPS = (30, 50)
 BATCH = 32
 IN_FEATURES = 64
 CLASSES = 10
@@ -57,3 +60,34 @@ def batch(rank: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def parameter_count(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+class StepProfile:
+    """torch profiler over PROFILE_STEPS on rank 0 when BENCH_PROFILE names a file: its tables
+    by device time and by CPU time (with CUDA, kernels and the host calls that wait)."""
+
+    def __init__(self, rank: int) -> None:
+        self.active = bool(PROFILE) and rank == 0
+        self.profiler: torch.profiler.profile | None = None
+
+    def at(self, step: int) -> None:
+        if not self.active:
+            return
+        if step == PROFILE_STEPS[0] and self.profiler is None:
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if DEVICE.type == "cuda":
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            self.profiler = torch.profiler.profile(activities=activities)
+            self.profiler.start()
+        elif step == PROFILE_STEPS[1] and self.profiler is not None:
+            if DEVICE.type == "cuda":
+                torch.cuda.synchronize()
+            self.profiler.stop()
+            table = self.profiler.key_averages()
+            steps = PROFILE_STEPS[1] - PROFILE_STEPS[0]
+            with open(PROFILE, "w") as file:
+                file.write(f"{steps} steps\n")
+                if DEVICE.type == "cuda":
+                    file.write(table.table(sort_by="cuda_time_total", row_limit=30) + "\n")
+                file.write(table.table(sort_by="self_cpu_time_total", row_limit=30) + "\n")
+            self.active = False

@@ -29,6 +29,7 @@ from model import (  # noqa: E402
     STEPS,
     STEPS_AT_TARGET,
     TARGET_SIZE,
+    StepProfile,
     batch,
     build_model,
     emit,
@@ -62,11 +63,13 @@ def main() -> None:
     emit("synced", rank=rank, size=size, step=step)
     data, target = batch(rank)
     at_target = 0
+    profile = StepProfile(rank)
     while step < STEPS and not (TARGET_SIZE and at_target >= STEPS_AT_TARGET):
         if step == KILL_STEP and rank == KILL_RANK and not KILLED_MARKER.exists():
             KILLED_MARKER.touch()
             emit("kill", rank=rank, step=step)
             os.kill(os.getpid(), signal.SIGKILL)
+        profile.at(step)
         optimizer.zero_grad()
         F.cross_entropy(ddp(data), target).backward()
         optimizer.step()
