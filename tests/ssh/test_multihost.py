@@ -24,16 +24,13 @@ from tests.integration.harness import (
     SCRIPTS,
     JobResult,
     assert_no_orphans,
-    env_of,
+    is_zombie,
     job_env,
     read_records,
     tagged_pids,
 )
 from tests.integration.progress import check_job
 from tests.ssh.netns import Cluster, keygen, kill_all, netns_inode, unavailable
-
-# Hosts in network namespaces of fixed names and addresses: one pytest worker at a time.
-pytestmark = pytest.mark.xdist_group("netns")
 
 H1, H2, H3, H4, H5 = (f"10.77.0.{10 + i}" for i in range(1, 6))
 TRAIN = [PYTHON, str(SCRIPTS / "elastic_train.py")]
@@ -140,8 +137,11 @@ def assert_ok(result: JobResult) -> None:
         f"job failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
 
 
-def workers_on(tag: str, host: str) -> list[int]:
-    return [pid for pid in tagged_pids(tag) if env_of(pid).get("ELASTICRUN_HOSTNAME") == host]
+def workers_on(tag: str, host: str, log_dir: Path) -> list[int]:
+    """The live workers on `host`, by the records they wrote (a worker forked by its host's
+    template shows the template's environment in /proc, not its own)."""
+    logged = {r["pid"] for r in read_records(log_dir) if r.get("host") == host}
+    return [pid for pid in tagged_pids(tag) if pid in logged and not is_zombie(pid)]
 
 
 # --- tests ---------------------------------------------------------------------------------
@@ -175,7 +175,7 @@ def test_host_dies(cluster: Cluster, tmp_path: Path, how: str) -> None:
         proc, tag = start_job(cluster, args, env, tmp_path / "logs")
         try:
             wait_for_step(progress, 4, proc)
-            victims = workers_on(tag, H2)
+            victims = workers_on(tag, H2, tmp_path / "logs")
             assert len(victims) == 2, victims
             # They really run in H2's namespace, not in the launcher's.
             h2_net = netns_inode(cluster.host(H2).ns)
@@ -235,7 +235,8 @@ def test_a_stopped_worker_on_an_ssh_host_is_found(cluster: Cluster, tmp_path: Pa
     assert_ok(result)
     views = check_job(result.records, samples=64, epochs=3)
     assert [v.size for v in views] == [2, 1]
-    assert f"rank 1 on host {H2} hung: its process is stopped (SIGSTOP)" in result.stderr
+    assert f"rank 1 on host {H2} hung: its process is stopped (SIGSTOP)" in result.stderr, \
+        result.stderr
     fault = next(r["time"] for r in result.records if r["event"] == "fault")
     resumed = min(r["time"] for r in result.records
                   if r["event"] == "step" and r["round"] == views[-1].number)
@@ -277,7 +278,8 @@ def test_ctrl_c_leaves_nothing(cluster: Cluster, tmp_path: Path) -> None:
                           tmp_path / "logs", cwd=job_dir)
     try:
         wait_for_step(progress, 3, proc)
-        assert len(workers_on(tag, H1)) == 2 and len(workers_on(tag, H2)) == 2
+        logs = tmp_path / "logs"
+        assert len(workers_on(tag, H1, logs)) == 2 and len(workers_on(tag, H2, logs)) == 2
         os.kill(proc.pid, signal.SIGINT)  # `ip netns exec` execs python: same pid
         _, stderr = proc.communicate(timeout=30.0)
     finally:
