@@ -21,9 +21,6 @@ from tests.agents.harness import TRAIN, AgentJob, train_env
 from tests.integration.progress import check_job, rounds
 from tests.ssh.netns import LAUNCHER_IP, Cluster, kill_all, netns_inode, unavailable
 
-# Hosts in network namespaces of fixed names and addresses: one pytest worker at a time.
-pytestmark = pytest.mark.xdist_group("netns")
-
 H1, H2, H3 = "10.77.0.11", "10.77.0.12", "10.77.0.13"
 COMMON = ["--start-timeout", "60", "--discovery-interval", "0.2", "--network-interface",
           "eth0"]

@@ -9,7 +9,8 @@ round and abandons the work; then, by MODE:
         leaves, trains a round of its own and exits: the cycle is freed while the
         interpreter exits;
   last: exits with the broken round as its last one.
-It prints the seconds from the abort to the end of its script.
+It prints the wall-clock time of the abort and the seconds from the abort to the end of its
+script.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ def main(rank: int, directory: str, mode: str) -> None:
     session._sockets = {}
     session.abort()
     aborted = time.monotonic()
+    print(f"aborted at {time.time():.3f}", flush=True)
     try:
         work.wait()
         raise AssertionError("the stranded allreduce returned")

@@ -11,6 +11,7 @@ worker's exit, however long the abandoned work runs on in Gloo (stranded_worker.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -80,13 +81,16 @@ def test_a_worker_with_an_abandoned_collective_exits_at_once(tmp_path: Path, mod
 
     peer = start(1)
     try:
-        started = time.monotonic()
         worker = start(0)
         out, err = worker.communicate(timeout=3 * stranded_worker.COLLECTIVE_TIMEOUT_S)
-        took = time.monotonic() - started
+        exited = time.time()
     finally:
         peer.kill()
         peer.wait()
     assert worker.returncode == 0, f"exit code {worker.returncode}:\n{out}\n{err}"
     assert "script ends" in out, out + err
-    assert took < stranded_worker.COLLECTIVE_TIMEOUT_S / 2, (took, out, err)
+    # From the abort, not from the start: two torch imports beside a busy machine take
+    # seconds that say nothing about the exit.
+    aborted = float(re.search(r"aborted at ([0-9.]+)", out).group(1))  # type: ignore[union-attr]
+    assert exited - aborted < stranded_worker.COLLECTIVE_TIMEOUT_S / 2, (exited - aborted, out,
+                                                                          err)

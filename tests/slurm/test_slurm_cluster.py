@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-import pytest
-
 from tests.slurm.cluster import SlurmCluster
-
-# Hosts in network namespaces of fixed names and addresses: one pytest worker at a time.
-pytestmark = pytest.mark.xdist_group("netns")
 
 
 def test_srun_runs_each_task_on_its_node(slurm: SlurmCluster) -> None:

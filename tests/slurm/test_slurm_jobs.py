@@ -15,15 +15,10 @@ import signal
 import time
 from pathlib import Path
 
-import pytest
-
 from tests.integration.harness import PYTHON, REPO, SCRIPTS, job_env, read_records, tagged_pids
 from tests.integration.progress import check_job
 from tests.slurm.cluster import SlurmCluster
 from tests.ssh.netns import cmdline
-
-# Hosts in network namespaces of fixed names and addresses: one pytest worker at a time.
-pytestmark = pytest.mark.xdist_group("netns")
 
 JOB_TIMEOUT_S = 150.0
 
