@@ -6,7 +6,7 @@ environment as one JSON line on stdin, with which it execs itself. It imports to
 (template.py's preload), listens on a Unix socket in a private directory and prints the
 socket's path (or an empty line: no forking here, e.g. an import touched the GPU). Each
 worker's bootstrap (bootstrap.py) connects to it: the template forks a server for that
-connection, which is template.py's `_serve` for one worker: it forks the worker itself
+connection, which is template.py's `serve` for one worker: it forks the worker itself
 with the bootstrap's stdout and stderr (the worker's channel), reports its pid and exit,
 and kills it when the bootstrap goes.
 The bootstrap writes the worker's pid into the directory, under its worker id, for the
@@ -46,7 +46,7 @@ def main() -> None:
         # workers it forks, and torch reads it at import.
         env = json.loads(sys.stdin.readline() or "{}").get("env") or dict(os.environ)
         os.execve(sys.executable, [sys.executable, "-c", BOOT, SERVING], env)
-    template._preload()
+    template.preload()
     with open("/proc/self/maps") as maps:
         if template.cuda_driver_loaded(maps.read()):
             print("", flush=True)  # workers are exec'd
@@ -69,14 +69,15 @@ def main() -> None:
                     os.kill(pid, signal.SIGKILL)
             shutil.rmtree(directory, ignore_errors=True)
     if argv is not None:
-        template._run(argv)
+        template.run_program(argv)
 
 
 def _accept(listener: socket.socket, servers: set[int]) -> list[str] | None:
     """Serves connections until stdin ends (None); in a forked worker, its command."""
     while True:
         readable, _, _ = select.select([listener.fileno(), 0], [], [], 1.0)
-        _reap(servers)
+        for _ in template.reaped(servers):  # a server ended with its worker
+            pass
         if 0 in readable and not os.read(0, 4096):
             return None
         if listener.fileno() not in readable:
@@ -90,17 +91,6 @@ def _accept(listener: socket.socket, servers: set[int]) -> list[str] | None:
                 os.dup2(devnull, descriptor)
             os.close(devnull)
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-            return template._serve(connection.detach())  # in the worker: its command
+            return template.serve(connection.detach())  # in the worker: its command
         connection.close()
         servers.add(pid)
-
-
-def _reap(servers: set[int]) -> None:
-    while servers:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        servers.discard(pid)
