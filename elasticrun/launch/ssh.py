@@ -11,12 +11,6 @@ driver died) or a SIGTERM/SIGHUP/SIGINT to the bootstrap itself sends SIGTERM to
 command's process group and SIGKILL after the grace period, so no remote orphans remain.
 A worker as seen through its channel (output, exit status, its host's probe) is an
 SSHProcess (ssh_process.py).
-
-A Python worker (`python SCRIPT` or `python -m MODULE`) is forked by its host's worker
-template (worker/host_template.py), which imported torch once: started on a channel of its
-own when the host's first such worker starts, it ends with that channel, when the launcher
-closes or the connection dies. A template that cannot start, or
-ELASTICRUN_WORKER_TEMPLATE=0, leaves the workers exec'd as before.
 """
 
 from __future__ import annotations
@@ -24,10 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
-import shlex
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -38,7 +29,6 @@ from elasticrun import protocol
 from elasticrun.errors import SpawnError
 from elasticrun.launch.base import WorkerSpec
 from elasticrun.launch.bootstrap import remote_command
-from elasticrun.launch.forked import python_program, template_env
 from elasticrun.launch.plugins import LaunchOptions, no_arg
 from elasticrun.launch.ssh_connect import (
     SSHSettings,
@@ -49,16 +39,12 @@ from elasticrun.launch.ssh_connect import (
     _Target,
 )
 from elasticrun.launch.ssh_process import SSHProcess
-from elasticrun.worker.host_template import BOOT as TEMPLATE_BOOT
 
 __all__ = ["SSHLauncher", "SSHProcess", "SSHSettings"]
 
 log = logging.getLogger("elasticrun.launch.ssh")
 
 MAX_CONNECT_THREADS = 32
-TEMPLATE_READY_S = 60.0  # it imports torch: seconds, more on a loaded host
-MAX_TEMPLATES = 4  # per host
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")  # in a file name
 
 
 class _HostConnections:
@@ -74,9 +60,6 @@ class _HostConnections:
         self.closed = False
         self._connect_lock = threading.Lock()
         self._clients_lock = threading.Lock()
-        self._template_lock = threading.Lock()
-        # (interpreter, common environment) -> (the template's channel, its socket's path)
-        self._templates: dict[tuple[str, str], tuple[paramiko.Channel | None, str]] = {}
 
     def start(self, remote: str, payload: bytes) -> paramiko.Channel:
         """A session channel running `remote`, with `payload` written to its stdin."""
@@ -96,36 +79,7 @@ class _HostConnections:
                              f"SSH: {_one_line(exc)}") from None
         return channel
 
-    def template(self, python: str, env: Mapping[str, str]) -> str:
-        """The socket path of this host's worker template for `python` and `env` ("": none),
-        started on first use. Blocking; raises SpawnError when the host cannot be reached."""
-        common = json.dumps({"env": template_env(env)}, sort_keys=True)
-        with self._template_lock:
-            key = (python, common)
-            if key not in self._templates:
-                if len(self._templates) >= MAX_TEMPLATES or self.closed:
-                    return ""
-                self._templates[key] = self._start_template(python, common)
-            return self._templates[key][1]
-
-    def _start_template(self, python: str, common: str) -> tuple[paramiko.Channel | None, str]:
-        # A host that cannot be reached fails here as its worker would (SpawnError), and
-        # nothing is noted: the next worker tries again.
-        channel = self.start(f"exec {shlex.quote(python)} -c {shlex.quote(TEMPLATE_BOOT)}",
-                             (common + "\n").encode("utf-8"))
-        path = _first_line(channel, TEMPLATE_READY_S)
-        if not path.startswith("/"):  # it failed, does not fork here, or was too slow
-            log.debug("no worker template on %s: workers are exec'd", self.target.describe())
-            channel.close()
-            return None, ""
-        return channel, path
-
     def close(self) -> None:
-        with self._template_lock:
-            templates, self._templates = list(self._templates.values()), {}
-        for channel, _ in templates:
-            if channel is not None:
-                channel.close()  # the template ends with its channel, its workers with it
         with self._clients_lock:
             self.closed = True
             clients, self.clients = self.clients, []
@@ -190,32 +144,16 @@ class SSHLauncher:
         connections = self._connections(host)
         spec = {"command": list(command), "env": dict(env), "cwd": str(cwd),
                 "grace": self.settings.stop_grace_period}
-        forks = python_program(command) and env.get(protocol.ENV_WORKER_TEMPLATE) != "0"
+        payload = (json.dumps(spec) + "\n").encode("utf-8")
         loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(self._executor, self._start, connections, spec, forks)
+        future = loop.run_in_executor(self._executor, connections.start,
+                                      remote_command(self.settings.python), payload)
         try:
             channel = await asyncio.shield(future)
         except asyncio.CancelledError:
             future.add_done_callback(_close_channel)
             raise
-        return SSHProcess(channel, host, env.get(protocol.ENV_WORKER_ID, ""), self._executor,
-                          pid_file=str(spec.get("pid_file", "")))
-
-    def _start(self, connections: _HostConnections, spec: dict[str, object],
-               forks: bool) -> paramiko.Channel:
-        """Blocking: the worker's channel, its host's template (if any) started first."""
-        if forks:
-            command = spec["command"]
-            assert isinstance(command, list) and isinstance(spec["env"], dict)
-            path = connections.template(command[0], spec["env"])
-            if path:
-                spec["template"] = path
-                worker = str(spec["env"].get(protocol.ENV_WORKER_ID, ""))
-                if worker:  # where its pid goes, for the host's probe
-                    name = _UNSAFE.sub("_", worker)
-                    spec["pid_file"] = f"{path.rsplit('/', 1)[0]}/{name}.pid"
-        payload = (json.dumps(spec) + "\n").encode("utf-8")
-        return connections.start(remote_command(self.settings.python), payload)
+        return SSHProcess(channel, host, env.get(protocol.ENV_WORKER_ID, ""), self._executor)
 
     async def close(self) -> None:
         """Closes every connection; remote workers still running are killed by their bootstrap."""
@@ -252,23 +190,6 @@ def _quiet_paramiko() -> bool:
         paramiko_log.setLevel(logging.CRITICAL)
         return True
     return False
-
-
-def _first_line(channel: paramiko.Channel, timeout: float) -> str:
-    """The first line the channel's command prints, within `timeout` ("" if none)."""
-    deadline = time.monotonic() + timeout
-    data = b""
-    try:
-        while b"\n" not in data:
-            channel.settimeout(max(0.01, deadline - time.monotonic()))
-            chunk = channel.recv(4096)
-            if not chunk or time.monotonic() > deadline:
-                return ""
-            data += chunk
-    except (TimeoutError, OSError, EOFError, paramiko.SSHException):
-        return ""
-    channel.settimeout(None)
-    return data.split(b"\n", 1)[0].decode("utf-8", "replace").strip()
 
 
 def _close_channel(future: asyncio.Future[paramiko.Channel]) -> None:

@@ -29,7 +29,6 @@ import signal
 import socket
 import sys
 import traceback
-from collections.abc import Iterator
 from types import TracebackType
 from typing import Any
 
@@ -39,11 +38,11 @@ MAX_REQUEST = 1 << 22
 
 
 def main() -> None:
-    program = serve(int(sys.argv[1]))  # returns only in a forked child
-    run_program(program)
+    program = _serve(int(sys.argv[1]))  # returns only in a forked child
+    _run(program)
 
 
-def preload() -> None:
+def _preload() -> None:
     for name in PRELOAD:
         try:
             importlib.import_module(name)
@@ -58,9 +57,9 @@ def cuda_driver_loaded(maps: str) -> bool:
                or "/libcuda.so." in line for line in maps.splitlines())
 
 
-def serve(fd: int) -> list[str]:
+def _serve(fd: int) -> list[str]:
     sock = socket.socket(fileno=fd)
-    preload()
+    _preload()
     with open("/proc/self/maps") as maps:
         if cuda_driver_loaded(maps.read()):  # an import touched the GPU: exec every worker
             sock.sendall(b'{"ready": false}')
@@ -94,8 +93,7 @@ def serve(fd: int) -> list[str]:
         sock.sendall(json.dumps({"started": pid}).encode())
 
 
-def reaped(children: set[int]) -> Iterator[tuple[int, int]]:
-    """(pid, exit code) of each of `children` that has ended, reaped without waiting."""
+def _reap(sock: socket.socket, children: set[int]) -> None:
     while children:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -104,11 +102,7 @@ def reaped(children: set[int]) -> Iterator[tuple[int, int]]:
         if pid == 0:
             return
         children.discard(pid)
-        yield pid, os.waitstatus_to_exitcode(status)
-
-
-def _reap(sock: socket.socket, children: set[int]) -> None:
-    for pid, code in reaped(children):
+        code = os.waitstatus_to_exitcode(status)
         sock.sendall(json.dumps({"exited": pid, "code": code}).encode())
 
 
@@ -162,7 +156,7 @@ def _reseed() -> None:
         numpy_random.seed()
 
 
-def run_program(argv: list[str]) -> None:
+def _run(argv: list[str]) -> None:
     """`argv` (python script args..., or python -m module args...) at the top level."""
     if argv[1] == "-m":
         sys.argv = [argv[2], *argv[3:]]

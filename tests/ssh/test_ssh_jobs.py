@@ -145,25 +145,3 @@ def test_killed_driver_leaves_no_remote_process(ssh_home: Path) -> None:
     proc.kill()
     proc.communicate(timeout=30)
     assert_no_orphans(tag, within=15)
-
-
-@pytest.mark.parametrize("template", ["1", "0"])
-def test_ssh_workers_fork_from_their_hosts_template(tmp_path: Path, ssh_home: Path,
-                                                    template: str) -> None:
-    """Python workers on an SSH host are forked by the host's worker template (torch already
-    imported when the script starts), unless ELASTICRUN_WORKER_TEMPLATE=0; either way the
-    job's processes, the template's too, are gone at its end (run_job checks)."""
-    script = tmp_path / "where.py"
-    script.write_text(
-        "import os, sys\n"
-        "preloaded = 'torch' in sys.modules\n"
-        "import elasticrun.torch as er\n"
-        "er.init()\n"
-        "parent = open(f'/proc/{os.getppid()}/cmdline').read().replace(chr(0), ' ')\n"
-        "print('preloaded', preloaded, 'by template', 'host_template' in parent, flush=True)\n"
-        "er.shutdown()\n")
-    result = run_job(["-H", "sshhost1:2", "--start-timeout", "60", PYTHON, str(script)],
-                     {"HOME": str(ssh_home), "ELASTICRUN_WORKER_TEMPLATE": template})
-    assert result.returncode == 0, result.stderr[-3000:]
-    forked = template == "1"
-    assert result.stdout.count(f"preloaded {forked} by template {forked}") == 2, result.stdout
