@@ -1,8 +1,12 @@
-"""Worlds of 2 to 5 Gloo ranks, started once for this package's tests and shared by them."""
+"""Worlds of 2 to 5 Gloo ranks, started once for this package's tests and shared by them.
+
+Under pytest-xdist (`--dist loadgroup`) the package's tests run on one pytest worker, so
+that the worlds start once rather than once per worker: each rank imports torch."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +15,14 @@ from tests.collectives.world import GlooWorld
 MAX_PROCESSES = 8  # this machine's limit for worker processes alive at once
 
 _worlds: dict[int, GlooWorld] = {}  # in order of last use
+_PACKAGE = Path(__file__).parent
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's hook reads the marks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.is_relative_to(_PACKAGE):
+            item.add_marker(pytest.mark.xdist_group("gloo-worlds"))
 
 
 def world_of(size: int) -> GlooWorld:

@@ -142,6 +142,10 @@ class LiveJob:
 # --- 1. DistributedOptimizer, placement, environment, prefixes (one 4-worker job) ---------
 
 
+# the tests reading the job run on one pytest-xdist worker, so that it runs once
+ONE_JOB = pytest.mark.xdist_group("optimizer-job")
+
+
 @pytest.fixture(scope="module")
 def optimizer_job() -> JobResult:
     return run_job(["-H", "localhost:2,127.0.0.1:2", *START,
@@ -158,17 +162,20 @@ def _by_rank(result: JobResult, head: str) -> dict[int, str]:
     return found
 
 
+@ONE_JOB
 def test_optimizer_job_succeeds(optimizer_job: JobResult) -> None:
     assert optimizer_job.returncode == 0, optimizer_job.stderr
     assert optimizer_job.error_lines() == []
 
 
+@ONE_JOB
 def test_distributed_optimizer_equals_big_batch_sgd(optimizer_job: JobResult) -> None:
     oks = [rank for rank, line in forwarded(optimizer_job.stdout, "stdout")
            if line == "optimizer-equivalence ok"]
     assert sorted(oks) == [0, 1, 2, 3], optimizer_job.stdout + optimizer_job.stderr
 
 
+@ONE_JOB
 def test_parameters_identical_on_every_rank(optimizer_job: JobResult) -> None:
     params = _by_rank(optimizer_job, "params")
     assert sorted(params) == [0, 1, 2, 3], optimizer_job.stdout
@@ -181,6 +188,7 @@ def test_parameters_identical_on_every_rank(optimizer_job: JobResult) -> None:
     assert len(set(hashes.values())) == 1, hashes
 
 
+@ONE_JOB
 def test_ranks_and_environment_follow_host_list(optimizer_job: JobResult) -> None:
     infos = {rank: json.loads(rest) for rank, rest in _by_rank(optimizer_job, "info").items()}
     assert sorted(infos) == [0, 1, 2, 3], optimizer_job.stdout
@@ -210,11 +218,13 @@ def test_ranks_and_environment_follow_host_list(optimizer_job: JobResult) -> Non
     assert len(masters) == 1, masters  # all ranks agree on rank 0's endpoint
 
 
+@ONE_JOB
 def test_secret_not_on_any_command_line(optimizer_job: JobResult) -> None:
     answers = _by_rank(optimizer_job, "secret-in-cmdline")
     assert answers == {0: "False", 1: "False", 2: "False", 3: "False"}, answers
 
 
+@ONE_JOB
 def test_output_lines_prefixed_with_rank_and_stream(optimizer_job: JobResult) -> None:
     stdout_lines = optimizer_job.stdout.splitlines()
     assert stdout_lines
