@@ -47,11 +47,16 @@ def in_ns(ns: str | None, argv: Sequence[str]) -> list[str]:
 
 
 def train_env(log_dir: Path, progress: Path, epochs: int = 3, sleep: float = 0.0,
-              faults: str = "", samples: int = 64, slow_below: int = 0) -> dict[str, str]:
+              faults: str = "", samples: int = 64, slow_below: int = 0, await_size: int = 0,
+              stop_file: Path | None = None) -> dict[str, str]:
+    """elastic_train.py's environment. A scenario of several phases gives a stop file and
+    many epochs, and touches the file when done: a loaded machine does not end it early."""
     log_dir.mkdir(parents=True, exist_ok=True)
     return {"TRAIN_SAMPLES": str(samples), "TRAIN_EPOCHS": str(epochs), "TRAIN_BATCH": "4",
             "TRAIN_STEP_SLEEP": str(sleep), "FAULTS": faults, "LOG_DIR": str(log_dir),
-            "PROGRESS_FILE": str(progress), "TRAIN_SLOW_BELOW": str(slow_below)}
+            "PROGRESS_FILE": str(progress), "TRAIN_SLOW_BELOW": str(slow_below),
+            "TRAIN_AWAIT_SIZE": str(await_size),
+            **({"TRAIN_STOP_FILE": str(stop_file)} if stop_file else {})}
 
 
 class AgentJob:

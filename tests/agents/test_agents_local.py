@@ -30,7 +30,7 @@ def jobs() -> Iterator[list[AgentJob]]:
 
 def test_agents_join_the_job_grows_and_they_exit_0_at_its_end(
         tmp_path: Path, jobs: list[AgentJob]) -> None:
-    env = train_env(tmp_path / "logs", tmp_path / "progress", epochs=4, slow_below=3)
+    env = train_env(tmp_path / "logs", tmp_path / "progress", epochs=4, await_size=3)
     job = AgentJob(tmp_path, ["--min-np", "2", "--max-np", "3", *COMMON, *TRAIN], env)
     jobs.append(job)
     job.start_agent("a1", 2)

@@ -68,8 +68,9 @@ def kept_steps(records: list[dict], views: list[RoundView],
     return kept
 
 
-def check_job(records: list[dict], samples: int, epochs: int) -> list[RoundView]:
-    """The invariants every elastic job must keep, whatever happened to it."""
+def check_job(records: list[dict], samples: int, epochs: int | None) -> list[RoundView]:
+    """The invariants every elastic job must keep, whatever happened to it. `epochs` None:
+    as many as the job trained (a stop file ended it), as its final records say."""
     views = rounds(records)
     assert views, "no round was logged"
     steps = kept_steps(records, views)
@@ -99,6 +100,8 @@ def check_job(records: list[dict], samples: int, epochs: int) -> list[RoundView]
         for record in step_records:
             per_epoch[record["epoch"]].update(record["indices"])
             last_of_epoch[record["epoch"]] = step_records
+    if epochs is None:
+        epochs = max(r["epoch"] for r in records if r["event"] == "final")
     assert sorted(per_epoch) == list(range(epochs)), f"epochs seen: {sorted(per_epoch)}"
     for epoch, counts in per_epoch.items():
         missing = set(range(samples)) - set(counts)

@@ -68,10 +68,10 @@ def nothing_left(cluster: Cluster) -> Iterator[None]:
 
 def train_env(cluster: Cluster, home: Path | None = None, samples: int = 64, epochs: int = 3,
               sleep: float = 0.0, faults: str = "", progress: Path | None = None,
-              slow_below: int = 0) -> dict[str, str]:
+              await_size: int = 0) -> dict[str, str]:
     env = {"HOME": str(home or cluster.home), "TRAIN_SAMPLES": str(samples),
            "TRAIN_EPOCHS": str(epochs), "TRAIN_BATCH": "4", "TRAIN_STEP_SLEEP": str(sleep),
-           "FAULTS": faults, "TRAIN_SLOW_BELOW": str(slow_below)}
+           "FAULTS": faults, "TRAIN_AWAIT_SIZE": str(await_size)}
     if progress is not None:
         env["PROGRESS_FILE"] = str(progress)
     return env
@@ -259,7 +259,7 @@ if step >= 3:
     script.chmod(0o755)
     result = run_job(cluster, ["-np", "2", "--host-discovery-script", str(script), *COMMON,
                                *TRAIN],
-                     train_env(cluster, epochs=4, progress=progress, slow_below=4),
+                     train_env(cluster, epochs=4, progress=progress, await_size=4),
                      tmp_path / "logs")
     assert_ok(result)
     views = check_job(result.records, samples=64, epochs=4)

@@ -15,6 +15,8 @@ TRAIN_SLOW_RANK=R: rank R's steps take 3x as long as they would (after each it s
 twice its own work, the CPU time of the step, and its step sleep). A file
 $LOG_DIR/raise-<pid> makes worker <pid> raise at its next step (and is removed).
 TRAIN_STOP_FILE: when it exists at the end of an epoch, training stops there.
+TRAIN_AWAIT_SIZE=N: before its last epoch the job waits for its world to reach N (a
+scale-up the test started), checking for host updates every 0.2 s, at most 2 minutes.
 Rank 0 writes [committed step, world size] to $PROGRESS_FILE for discovery scripts.
 The learning rate is BASE_LR * world size, rescaled by a reset callback.
 TRAIN_DEVICE=cuda trains on this worker's GPU (tests/gpu); "round" records then carry the
@@ -49,6 +51,8 @@ SLOW_RANK = int(os.environ.get("TRAIN_SLOW_RANK", "-1"))
 # Steps are slower while the world is smaller than this, so that a scale-up (whose new
 # workers start while training goes on) arrives before the job ends.
 SLOW_BELOW = int(os.environ.get("TRAIN_SLOW_BELOW", "0"))
+AWAIT_SIZE = int(os.environ.get("TRAIN_AWAIT_SIZE", "0"))
+AWAIT_CHECKS = 600  # 0.2 s apart; the same number on every rank (each check is collective)
 BASE_LR = 0.0125
 DEVICE = os.environ.get("TRAIN_DEVICE", "cpu")
 if os.environ.get("TRAIN_NCCL_HOST_PER_WORKER") == "1":
@@ -123,6 +127,16 @@ class LoggedState(er.elastic.TorchState):
         super().restore()
 
 
+def await_size(state: er.elastic.TorchState) -> None:
+    """Until the world has AWAIT_SIZE workers: a scale-up arrives before the job ends, on a
+    machine however loaded (HostsUpdatedInterrupt starts the round that has them)."""
+    for _ in range(AWAIT_CHECKS):
+        if er.size() >= AWAIT_SIZE:
+            return
+        time.sleep(0.2)
+        state.check_host_updates()
+
+
 def main() -> None:
     log("start", at=STARTED)
     er.init()
@@ -164,6 +178,8 @@ def main() -> None:
             backend=session.backend if session else "", **gpu)
         loader = DataLoader(dataset, batch_size=BATCH, sampler=state.sampler)
         while state.epoch < EPOCHS:
+            if state.epoch == EPOCHS - 1:
+                await_size(state)
             for batch_idx, (indices, x, y) in enumerate(loader):
                 worked = time.thread_time()  # its own work: waiting for peers uses no CPU
                 maybe_fault(state.step + 1)
