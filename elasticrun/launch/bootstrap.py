@@ -1,7 +1,9 @@
 """The remote end of an SSH worker: a stdlib-only Python program, sent on the command line.
 
 It reads the worker's command, directory and environment as one JSON line from stdin,
-runs the command as the leader of a new session and watches stdin: a "stop" line, EOF
+runs the command as the leader of a new session (forked by the host's worker template,
+host_template.py, when the line names one and the command is a Python script or module;
+else started as usual) and watches stdin: a "stop" line, EOF
 (the channel or connection closed) or SIGTERM/SIGHUP/SIGINT to itself ends the command's
 whole process group (SIGTERM, then SIGKILL after the grace period).
 """
@@ -15,7 +17,7 @@ import zlib
 
 # Runs on the remote host: stdlib only, Python >= 3.8, no output of its own except errors.
 BOOTSTRAP = r'''
-import json, os, signal, socket, subprocess, sys, threading
+import array, json, os, signal, socket, subprocess, sys, threading
 
 
 def fail(message, code):
@@ -99,6 +101,9 @@ def start(spec):
     except OSError as exc:
         fail("cannot change to directory %r: %s" % (spec["cwd"], exc.strerror), 127)
     command = spec["command"]
+    forked = fork(spec)
+    if forked is not None:
+        return forked
     devnull = os.open(os.devnull, os.O_RDONLY)
     try:
         return subprocess.Popen(command, env=spec["env"], stdin=devnull, close_fds=True,
@@ -111,8 +116,71 @@ def start(spec):
         fail("cannot start %r: %s" % (command[0], exc.strerror), 127)
 
 
+class Forked(object):
+    """A worker forked by the host's template, which reports its exit."""
+
+    def __init__(self, sock, pid, pid_file):
+        self.sock = sock
+        self.pid = pid
+        self.pid_file = pid_file
+
+    def wait(self):
+        while True:
+            try:
+                data = self.sock.recv(65536)
+            except OSError:
+                data = b""
+            if not data:  # the template is gone, and its workers with it
+                return -signal.SIGKILL
+            message = json.loads(data.decode("utf-8"))
+            if message.get("exited") == self.pid:
+                return message["code"]
+
+
+def fork(spec):
+    """The command forked by the host's template; None: start it as usual."""
+    path, command = spec.get("template"), spec["command"]
+    if not path or len(command) < 2 or (command[1] != "-m" and not os.path.isfile(command[1])):
+        return None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        sock.settimeout(TEMPLATE_WAIT_S)
+        sock.connect(path)
+        if not json.loads(sock.recv(4096).decode("utf-8")).get("ready"):
+            raise ValueError("the template does not fork")
+        request = json.dumps({"argv": command, "env": spec["env"], "cwd": os.getcwd(),
+                              "death_signal": int(signal.SIGKILL)}).encode("utf-8")
+        sock.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                  array.array("i", [1, 2]))])
+        pid = int(json.loads(sock.recv(4096).decode("utf-8"))["started"])
+    except (OSError, ValueError, KeyError, TypeError):
+        sock.close()
+        return None
+    sock.settimeout(None)
+    pid_file = spec.get("pid_file")  # for the host's probe
+    if pid_file:
+        try:
+            with open(pid_file, "w") as out:
+                out.write(str(pid))
+        except OSError:
+            pid_file = None
+    return Forked(sock, pid, pid_file)
+
+
 def wait(child):
     """Waits for the command, then kills what it left in its group, then reaps it."""
+    if isinstance(child, Forked):  # reaped by the template already
+        code = child.wait()
+        try:
+            os.killpg(child.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        if child.pid_file:
+            try:
+                os.unlink(child.pid_file)
+            except OSError:
+                pass
+        return code
     if hasattr(os, "waitid") and hasattr(os, "WNOWAIT"):
         os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)
         try:
@@ -149,6 +217,7 @@ def main():
 
 
 EOF_CODE = 1
+TEMPLATE_WAIT_S = 10.0
 main()
 '''
 

@@ -50,14 +50,18 @@ PER_WORKER = frozenset({
     "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES"})
 
 
-def forkable(command: Sequence[str], cwd: Path) -> bool:
-    """Pure but for one stat: `python SCRIPT ...` with SCRIPT a file, or
-    `python -m MODULE ...`, and no interpreter options."""
+def python_program(command: Sequence[str]) -> bool:
+    """`python SCRIPT ...` or `python -m MODULE ...`, with no interpreter options."""
     if len(command) < 2 or not _PYTHON.fullmatch(Path(command[0]).name):
         return False
     if command[1] == "-m":
         return len(command) >= 3 and bool(_MODULE.fullmatch(command[2]))
-    return not command[1].startswith("-") and (cwd / command[1]).is_file()
+    return not command[1].startswith("-")
+
+
+def forkable(command: Sequence[str], cwd: Path) -> bool:
+    """Pure but for one stat: a python program whose SCRIPT (if not -m) is a file."""
+    return python_program(command) and (command[1] == "-m" or (cwd / command[1]).is_file())
 
 
 def template_env(env: Mapping[str, str]) -> dict[str, str]:

@@ -11,6 +11,12 @@ driver died) or a SIGTERM/SIGHUP/SIGINT to the bootstrap itself sends SIGTERM to
 command's process group and SIGKILL after the grace period, so no remote orphans remain.
 A worker as seen through its channel (output, exit status, its host's probe) is an
 SSHProcess (ssh_process.py).
+
+A Python worker (`python SCRIPT` or `python -m MODULE`) is forked by its host's worker
+template (worker/host_template.py), which imported torch once: started on a channel of its
+own when the host's first such worker starts, it ends with that channel, when the launcher
+closes or the connection dies. A template that cannot start, or
+ELASTICRUN_WORKER_TEMPLATE=0, leaves the workers exec'd as before.
 """
 
 from __future__ import annotations
@@ -18,7 +24,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
+import shlex
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -29,6 +38,7 @@ from elasticrun import protocol
 from elasticrun.errors import SpawnError
 from elasticrun.launch.base import WorkerSpec
 from elasticrun.launch.bootstrap import remote_command
+from elasticrun.launch.forked import python_program, template_env
 from elasticrun.launch.plugins import LaunchOptions, no_arg
 from elasticrun.launch.ssh_connect import (
     SSHSettings,
@@ -39,12 +49,16 @@ from elasticrun.launch.ssh_connect import (
     _Target,
 )
 from elasticrun.launch.ssh_process import SSHProcess
+from elasticrun.worker.host_template import BOOT as TEMPLATE_BOOT
 
 __all__ = ["SSHLauncher", "SSHProcess", "SSHSettings"]
 
 log = logging.getLogger("elasticrun.launch.ssh")
 
 MAX_CONNECT_THREADS = 32
+TEMPLATE_READY_S = 60.0  # it imports torch: seconds, more on a loaded host
+MAX_TEMPLATES = 4  # per host
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")  # in a file name
 
 
 class _HostConnections:
@@ -59,7 +73,11 @@ class _HostConnections:
         self.clients: list[paramiko.SSHClient] = []
         self.closed = False
         self._connect_lock = threading.Lock()
-        self._clients_lock = threading.Lock()
+        self._template_lock = threading.Lock()  # one template starts at a time
+        self._state_lock = threading.Lock()  # clients, closed and the templates below
+        # (interpreter, common environment) -> (the template's channel, its socket's path)
+        self._templates: dict[tuple[str, str], tuple[paramiko.Channel | None, str]] = {}
+        self._starting: paramiko.Channel | None = None  # a template not ready yet
 
     def start(self, remote: str, payload: bytes) -> paramiko.Channel:
         """A session channel running `remote`, with `payload` written to its stdin."""
@@ -79,15 +97,50 @@ class _HostConnections:
                              f"SSH: {_one_line(exc)}") from None
         return channel
 
+    def template(self, python: str, env: Mapping[str, str]) -> str:
+        """The socket path of this host's worker template for `python` and `env` ("": none),
+        started on first use. Blocking; raises SpawnError when the host cannot be reached.
+        close() does not wait for a template that is starting: it closes its channel."""
+        key = (python, json.dumps({"env": template_env(env)}, sort_keys=True))
+        with self._template_lock:
+            with self._state_lock:
+                if key in self._templates:
+                    return self._templates[key][1]
+                if len(self._templates) >= MAX_TEMPLATES or self.closed:
+                    return ""
+            # A host that cannot be reached fails here as its worker would (SpawnError),
+            # and nothing is noted: the next worker tries again.
+            channel = self.start(f"exec {shlex.quote(python)} -c {shlex.quote(TEMPLATE_BOOT)}",
+                                 (key[1] + "\n").encode("utf-8"))
+            with self._state_lock:
+                closed = self.closed
+                self._starting = None if closed else channel
+            path = "" if closed else _first_line(channel, TEMPLATE_READY_S)
+            with self._state_lock:
+                self._starting = None
+                if self.closed or not path.startswith("/"):
+                    # closed, failed, does not fork here, or too slow: workers are exec'd
+                    channel.close()
+                    self._templates[key] = (None, "")
+                else:
+                    self._templates[key] = (channel, path)
+                return self._templates[key][1]
+
     def close(self) -> None:
-        with self._clients_lock:
+        with self._state_lock:
             self.closed = True
+            templates, self._templates = list(self._templates.values()), {}
+            if self._starting is not None:
+                templates.append((self._starting, ""))
             clients, self.clients = self.clients, []
+        for channel, _ in templates:
+            if channel is not None:
+                channel.close()  # the template ends with its channel, its workers with it
         for client in clients:
             client.close()
 
     def _add(self, client: paramiko.SSHClient) -> None:
-        with self._clients_lock:
+        with self._state_lock:
             if not self.closed:
                 self.clients.append(client)
                 return
@@ -95,14 +148,14 @@ class _HostConnections:
         raise SpawnError("the SSH launcher was closed")
 
     def _drop(self, client: paramiko.SSHClient) -> None:
-        with self._clients_lock:
+        with self._state_lock:
             if client in self.clients:
                 self.clients.remove(client)
         client.close()
 
     def _open_channel(self) -> paramiko.Channel | None:
         """A session channel on an existing live connection; None if there is none."""
-        with self._clients_lock:
+        with self._state_lock:
             clients = list(self.clients)
         for client in clients:
             transport = client.get_transport()
@@ -144,16 +197,32 @@ class SSHLauncher:
         connections = self._connections(host)
         spec = {"command": list(command), "env": dict(env), "cwd": str(cwd),
                 "grace": self.settings.stop_grace_period}
-        payload = (json.dumps(spec) + "\n").encode("utf-8")
+        forks = python_program(command) and env.get(protocol.ENV_WORKER_TEMPLATE) != "0"
         loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(self._executor, connections.start,
-                                      remote_command(self.settings.python), payload)
+        future = loop.run_in_executor(self._executor, self._start, connections, spec, forks)
         try:
             channel = await asyncio.shield(future)
         except asyncio.CancelledError:
             future.add_done_callback(_close_channel)
             raise
-        return SSHProcess(channel, host, env.get(protocol.ENV_WORKER_ID, ""), self._executor)
+        return SSHProcess(channel, host, env.get(protocol.ENV_WORKER_ID, ""), self._executor,
+                          pid_file=str(spec.get("pid_file", "")))
+
+    def _start(self, connections: _HostConnections, spec: dict[str, object],
+               forks: bool) -> paramiko.Channel:
+        """Blocking: the worker's channel, its host's template (if any) started first."""
+        if forks:
+            command = spec["command"]
+            assert isinstance(command, list) and isinstance(spec["env"], dict)
+            path = connections.template(command[0], spec["env"])
+            if path:
+                spec["template"] = path
+                worker = str(spec["env"].get(protocol.ENV_WORKER_ID, ""))
+                if worker:  # where its pid goes, for the host's probe
+                    name = _UNSAFE.sub("_", worker)
+                    spec["pid_file"] = f"{path.rsplit('/', 1)[0]}/{name}.pid"
+        payload = (json.dumps(spec) + "\n").encode("utf-8")
+        return connections.start(remote_command(self.settings.python), payload)
 
     async def close(self) -> None:
         """Closes every connection; remote workers still running are killed by their bootstrap."""
@@ -190,6 +259,23 @@ def _quiet_paramiko() -> bool:
         paramiko_log.setLevel(logging.CRITICAL)
         return True
     return False
+
+
+def _first_line(channel: paramiko.Channel, timeout: float) -> str:
+    """The first line the channel's command prints, within `timeout` ("" if none)."""
+    deadline = time.monotonic() + timeout
+    data = b""
+    try:
+        while b"\n" not in data:
+            channel.settimeout(max(0.01, deadline - time.monotonic()))
+            chunk = channel.recv(4096)
+            if not chunk or time.monotonic() > deadline:
+                return ""
+            data += chunk
+    except (TimeoutError, OSError, EOFError, paramiko.SSHException):
+        return ""
+    channel.settimeout(None)
+    return data.split(b"\n", 1)[0].decode("utf-8", "replace").strip()
 
 
 def _close_channel(future: asyncio.Future[paramiko.Channel]) -> None:

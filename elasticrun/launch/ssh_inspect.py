@@ -2,7 +2,8 @@
 
 A second session channel on the worker's connection runs one grep (no interpreter to start:
 it must answer quickly on a loaded host): it finds the processes whose environment holds
-the worker's ELASTICRUN_WORKER_ID and prints their /proc/PID/stat lines; the worker is the
+the worker's ELASTICRUN_WORKER_ID (or, forked by the host's template, whose pid its bootstrap
+wrote down) and prints their /proc/PID/stat lines; the worker is the
 one that leads its own session. A connection that does not open the channel within the
 bound (a frozen host, a cut link) makes the host unreachable. A host whose sshd opened it
 answered: if the probe then does not finish in time (the user's login shell runs their
@@ -23,9 +24,13 @@ from elasticrun.process_view import ProcessState, ProcessView, stat_fields, view
 MAX_ANSWER_BYTES = 64 * 1024
 
 
-def probe_command(worker_id: str) -> str:
+def probe_command(worker_id: str, pid_file: str = "") -> str:
+    """Prints the /proc/PID/stat of the processes with the worker's id in their environment
+    and of the pid in `pid_file` (a worker forked by its host's template)."""
     variable = shlex.quote(f"ELASTICRUN_WORKER_ID={worker_id}")
-    return (f"grep -l -a -z -x -F {variable} /proc/[0-9]*/environ 2>/dev/null | "
+    forked = f"p=$(cat {shlex.quote(pid_file)} 2>/dev/null) && echo /proc/$p/environ; " \
+        if pid_file else ""
+    return (f"{{ grep -l -a -z -x -F {variable} /proc/[0-9]*/environ 2>/dev/null; {forked}}} | "
             "while read -r f; do p=${f#/proc/}; cat /proc/${p%/environ}/stat 2>/dev/null; "
             "echo; done")
 
@@ -41,7 +46,7 @@ def worker_state(answer: str) -> ProcessView:
 
 
 def inspect_over_ssh(transport: paramiko.Transport, worker_id: str,
-                     timeout: float) -> ProcessView:
+                     timeout: float, pid_file: str = "") -> ProcessView:
     """Blocking: the state of worker `worker_id`'s process on the host behind `transport`,
     decided within `timeout` seconds of the call (the exec request's reply apart: a link
     cut just then is bounded by the caller)."""
@@ -53,7 +58,7 @@ def inspect_over_ssh(transport: paramiko.Transport, worker_id: str,
     except (paramiko.SSHException, OSError, EOFError) as exc:
         return ProcessView(ProcessState.UNREACHABLE, _one_line(exc))
     try:
-        channel.exec_command(probe_command(worker_id))
+        channel.exec_command(probe_command(worker_id, pid_file))
     except (paramiko.SSHException, OSError, EOFError) as exc:
         channel.close()
         return ProcessView(ProcessState.UNREACHABLE, _one_line(exc))

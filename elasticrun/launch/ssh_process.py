@@ -34,10 +34,13 @@ class SSHProcess:
     """A remote worker: output and exit status come from its SSH channel."""
 
     def __init__(self, channel: paramiko.Channel, host: str, worker_id: str = "",
-                 executor: Executor | None = None) -> None:
+                 executor: Executor | None = None, pid_file: str = "") -> None:
         self.channel = channel
         self.host = host
-        self._worker_id = worker_id  # how the host's probe finds the worker's process
+        # how the host's probe finds the worker's process: its environment, or (forked by
+        # the host's template) the file its bootstrap wrote its pid to
+        self._worker_id = worker_id
+        self._pid_file = pid_file
         self._executor = executor
         self.stdout = asyncio.StreamReader(limit=OUTPUT_LIMIT)
         self.stderr = asyncio.StreamReader(limit=OUTPUT_LIMIT)
@@ -74,7 +77,8 @@ class SSHProcess:
         if transport is None or not transport.is_active():
             return ProcessView(ProcessState.UNREACHABLE, "its SSH connection is closed")
         return await self._loop.run_in_executor(
-            self._executor, inspect_over_ssh, transport, self._worker_id, INSPECT_WAIT_S)
+            self._executor, inspect_over_ssh, transport, self._worker_id, INSPECT_WAIT_S,
+            self._pid_file)
 
     def _send(self, data: bytes) -> None:
         with contextlib.suppress(OSError, EOFError, paramiko.SSHException):

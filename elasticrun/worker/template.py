@@ -29,6 +29,7 @@ import signal
 import socket
 import sys
 import traceback
+from collections.abc import Iterator
 from types import TracebackType
 from typing import Any
 
@@ -38,11 +39,11 @@ MAX_REQUEST = 1 << 22
 
 
 def main() -> None:
-    program = _serve(int(sys.argv[1]))  # returns only in a forked child
-    _run(program)
+    program = serve(int(sys.argv[1]))  # returns only in a forked child
+    run_program(program)
 
 
-def _preload() -> None:
+def preload() -> None:
     for name in PRELOAD:
         try:
             importlib.import_module(name)
@@ -57,9 +58,9 @@ def cuda_driver_loaded(maps: str) -> bool:
                or "/libcuda.so." in line for line in maps.splitlines())
 
 
-def _serve(fd: int) -> list[str]:
+def serve(fd: int) -> list[str]:
     sock = socket.socket(fileno=fd)
-    _preload()
+    preload()
     with open("/proc/self/maps") as maps:
         if cuda_driver_loaded(maps.read()):  # an import touched the GPU: exec every worker
             sock.sendall(b'{"ready": false}')
@@ -93,7 +94,8 @@ def _serve(fd: int) -> list[str]:
         sock.sendall(json.dumps({"started": pid}).encode())
 
 
-def _reap(sock: socket.socket, children: set[int]) -> None:
+def reaped(children: set[int]) -> Iterator[tuple[int, int]]:
+    """(pid, exit code) of each of `children` that has ended, reaped without waiting."""
     while children:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -102,7 +104,11 @@ def _reap(sock: socket.socket, children: set[int]) -> None:
         if pid == 0:
             return
         children.discard(pid)
-        code = os.waitstatus_to_exitcode(status)
+        yield pid, os.waitstatus_to_exitcode(status)
+
+
+def _reap(sock: socket.socket, children: set[int]) -> None:
+    for pid, code in reaped(children):
         sock.sendall(json.dumps({"exited": pid, "code": code}).encode())
 
 
@@ -156,7 +162,7 @@ def _reseed() -> None:
         numpy_random.seed()
 
 
-def _run(argv: list[str]) -> None:
+def run_program(argv: list[str]) -> None:
     """`argv` (python script args..., or python -m module args...) at the top level."""
     if argv[1] == "-m":
         sys.argv = [argv[2], *argv[3:]]

@@ -6,6 +6,8 @@ the driver reaches them over SSH exactly as it would reach another machine.
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 import subprocess
 import time
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from elasticrun.worker.host_template import BOOT as TEMPLATE_BOOT
 from tests.integration.harness import (
     PYTHON,
     SCRIPTS,
@@ -145,3 +148,41 @@ def test_killed_driver_leaves_no_remote_process(ssh_home: Path) -> None:
     proc.kill()
     proc.communicate(timeout=30)
     assert_no_orphans(tag, within=15)
+
+
+@pytest.mark.parametrize("template", ["1", "0"])
+def test_ssh_workers_fork_from_their_hosts_template(tmp_path: Path, ssh_home: Path,
+                                                    template: str) -> None:
+    """Python workers on an SSH host are forked by the host's worker template (torch already
+    imported when the script starts), unless ELASTICRUN_WORKER_TEMPLATE=0; either way the
+    job's processes, the template's too, are gone at its end (run_job checks)."""
+    script = tmp_path / "where.py"
+    script.write_text(
+        "import os, sys\n"
+        "preloaded = 'torch' in sys.modules\n"
+        "import elasticrun.torch as er\n"
+        "er.init()\n"
+        "parent = open(f'/proc/{os.getppid()}/cmdline').read().replace(chr(0), ' ')\n"
+        "print('preloaded', preloaded, 'by template', 'host_template' in parent, flush=True)\n"
+        "er.shutdown()\n")
+    result = run_job(["-H", "sshhost1:2", "--start-timeout", "60", PYTHON, str(script)],
+                     {"HOME": str(ssh_home), "ELASTICRUN_WORKER_TEMPLATE": template})
+    assert result.returncode == 0, result.stderr[-3000:]
+    forked = template == "1"
+    assert result.stdout.count(f"preloaded {forked} by template {forked}") == 2, result.stdout
+
+
+def test_a_hosts_template_whose_channel_closes_while_it_imports_ends_at_once(
+        tmp_path: Path) -> None:
+    """The job ended (or its launcher died) just after the host's first worker started its
+    template: the template's stdin (its SSH channel) ends while it still imports torch. It
+    exits then, without finishing the imports or serving: not seconds later, when a check
+    for orphans may already have looked."""
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen([PYTHON, "-c", TEMPLATE_BOOT], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    # its environment, then the end of its stdin at once
+    out, err = proc.communicate((json.dumps({"env": env}) + "\n").encode(), timeout=60)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    assert out == b""  # it never printed its socket's path: it ended during the imports
+    assert list(tmp_path.iterdir()) == []  # nor made its directory
