@@ -8,6 +8,8 @@ median over windows of 10 steps); the commit cost is the measured duration of
 `state.commit()` itself, for 1M, 10M and 50M parameters (BENCH_OVERHEAD_SIZES, e.g.
 "1e6", picks some). Targets: at least 0.95x DDP's throughput committing every 10 steps, and
 committing every step at least 0.95x the throughput of never committing, at 1M parameters.
+Trials run every config one after the other, every other trial backwards, and each config
+is set against the DDP job of its own trial (the median of those ratios, and their range).
 Hang detection's steady-state cost: commit/10 with it (the default) against commit/10 with
 --no-hang-detection, trial by trial (target: under 1% of the step time).
 """
@@ -53,6 +55,22 @@ def _throughput(out: Path) -> dict[str, float]:
     return {"steps_per_s": rate, "commit_ms": median(commits) * 1e3 if commits else 0.0}
 
 
+def _paired(runs: list[dict[str, float]], ddp: list[dict[str, float]]) -> dict[str, float]:
+    """Throughput against DDP trial by trial (each trial runs every config, one after the
+    other): separate jobs on this machine swing by several percent from minute to minute,
+    DDP's alone too, so a ratio of two medians taken minutes apart can say less than the
+    trials' own ratios and their spread."""
+    ratios = [run["steps_per_s"] / base["steps_per_s"] for run, base in zip(runs, ddp,
+                                                                           strict=True)]
+    return {"median": median(ratios), "min": min(ratios), "max": max(ratios)}
+
+
+def _against_ddp(rate: float, vs_ddp: dict[str, float]) -> str:
+    if vs_ddp["min"] == vs_ddp["max"]:
+        return f"{rate:.3f} ({vs_ddp['median']:.2f}x)"
+    return f"{rate:.3f} ({vs_ddp['median']:.2f}x, {vs_ddp['min']:.2f}-{vs_ddp['max']:.2f})"
+
+
 def run_config(config: str, params: float, steps: int,
                extra_env: dict[str, str] | None = None) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
@@ -85,10 +103,11 @@ def bench(trials: int, quick: bool) -> dict[str, Any]:
     configs = QUICK_CONFIGS if quick else CONFIGS
     for params, steps in sizes.items():
         runs: dict[str, list[dict[str, float]]] = {c: [] for c in configs}
-        for _ in range(trials):  # interleaved, so that drift of the machine hits all
-            for config in configs:
+        for trial in range(trials):  # interleaved, every other trial backwards (ABBA)
+            for config in configs if trial % 2 == 0 else tuple(reversed(configs)):
                 runs[config].append(run_config(config, params, steps))
         rate = {c: median(r["steps_per_s"] for r in runs[c]) for c in configs}
+        vs_ddp = {c: _paired(runs[c], runs["ddp"]) for c in configs if c != "ddp"}
         commit_ms = median(r["commit_ms"] for r in runs["commit_1" if "commit_1" in runs
                                                          else "commit_10"])
         # commit/1 against no commit, trial by trial (each trial runs both back to back)
@@ -98,14 +117,16 @@ def bench(trials: int, quick: bool) -> dict[str, Any]:
         hang_cost = median(1 - on["steps_per_s"] / off["steps_per_s"]
                            for on, off in zip(runs["commit_10"],
                                               runs["commit_10_no_hang_detection"], strict=True))
-        results[f"{params:g}"] = {"trials": runs, "steps_per_s": rate, "commit_ms": commit_ms,
-                                  "commit_1_vs_never": vs_never, "hang_detection_cost": hang_cost}
+        results[f"{params:g}"] = {"trials": runs, "steps_per_s": rate, "vs_ddp": vs_ddp,
+                                  "commit_ms": commit_ms, "commit_1_vs_never": vs_never,
+                                  "hang_detection_cost": hang_cost}
         rows.append([f"{params / 1e6:g}M", rate["ddp"],
-                     *(f"{rate[c]:.3f} ({rate[c] / rate['ddp']:.2f}x)" if c in rate else "-"
+                     *(_against_ddp(rate[c], vs_ddp[c]) if c in rate else "-"
                        for c in CONFIGS[1:4]),
                      "-" if vs_never is None else f"{vs_never:.2f}x", commit_ms,
                      f"{100 * hang_cost:+.1f}%"])
-    print_table(f"overhead: 2 workers, steps/s (x DDP under torchrun), median of {trials}",
+    print_table(f"overhead: 2 workers, steps/s, median of {trials} (x DDP under torchrun: the "
+                f"median of each trial's ratio, and its range)",
                 ["params", "DDP", "no commit", "commit/10", "commit/1", "commit/1 vs none",
                  "commit ms", "hang detection"], rows)
     return results

@@ -60,6 +60,8 @@ def test_overhead() -> None:
         on, off = (size["trials"][c][0]["steps_per_s"]
                    for c in ("commit_10", "commit_10_no_hang_detection"))
         assert size["hang_detection_cost"] == pytest.approx(1 - on / off)
+        ddp = size["trials"]["ddp"][0]["steps_per_s"]  # each config against DDP, paired
+        assert size["vs_ddp"]["commit_10"]["median"] == pytest.approx(on / ddp)
         assert size["commit_ms"] > 0
 
 
