@@ -80,6 +80,13 @@ class HostRegistry:
     def blacklist_snapshot(self) -> dict[str, BlacklistEntry]:
         return dict(self._blacklist)
 
+    def restore(self, discovered: HostSlots, blacklist: dict[str, BlacklistEntry],
+                drained: set[str]) -> None:
+        """Takes back what a journal kept (a resumed driver): hosts, failures, drains."""
+        self._discovered = dict(discovered)
+        self._blacklist = dict(blacklist)
+        self._drained = set(drained) & set(discovered)
+
     def usable(self, now: float) -> HostSlots:
         """Discovered hosts with slots, neither blacklisted now nor drained, in discovery order."""
         return {
