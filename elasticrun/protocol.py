@@ -103,6 +103,9 @@ RESULT_PART_BYTES = 2 * 1024 * 1024
 HEADER_TIMESTAMP = "X-Elasticrun-Timestamp"
 HEADER_NONCE = "X-Elasticrun-Nonce"
 HEADER_SIGNATURE = "X-Elasticrun-Signature"
+# Every answer of the driver carries its epoch (the journal bumps it on each resume): a
+# worker never obeys a driver older than one it has heard (a stale driver that woke up).
+HEADER_EPOCH = "X-Elasticrun-Driver-Epoch"
 SIGNATURE_WINDOW_S = 30.0
 MAX_BODY_BYTES = 4 * 1024 * 1024
 # Upper bound of one long-poll; clients re-ask after it, so no HTTP call waits unboundedly.

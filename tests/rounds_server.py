@@ -40,17 +40,19 @@ CONFIG = DriverConfig(command=("x",), np=1, min_np=1, max_np=None, start_timeout
 
 
 class RoundsServer:
-    def __init__(self, secret: str, config: DriverConfig = CONFIG) -> None:
+    def __init__(self, secret: str, config: DriverConfig = CONFIG, epoch: int = 1) -> None:
         self.machine = RoundMachine(config, new_worker_id)
-        self.server = WorkerServer(secret, self.machine.state, self.post)
+        self.superseded_by: list[int] = []  # newer epochs its requests named (fencing)
+        self.server = WorkerServer(secret, self.machine.state, self.post, epoch=epoch,
+                                   superseded=self.superseded_by.append)
         self.events: list[ev.Event] = []
         self.actions: list[ev.Action] = []
         self.port = 0
         self._queue = EventQueue(self._handle, self.server.carry_out)
 
     # --- lifecycle ------------------------------------------------------------------------
-    async def start(self, extra_routes: Iterable[web.RouteDef] = ()) -> int:
-        self.port = await self.server.start("127.0.0.1", 0, extra_routes)
+    async def start(self, extra_routes: Iterable[web.RouteDef] = (), port: int = 0) -> int:
+        self.port = await self.server.start("127.0.0.1", port, extra_routes)
         return self.port
 
     async def stop(self) -> None:

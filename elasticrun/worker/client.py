@@ -21,6 +21,12 @@ class DriverUnreachableError(ConnectionError):
     """The driver did not answer for longer than the allowed time."""
 
 
+class StaleDriverError(http.client.HTTPException):
+    """An answer from a driver older (lower epoch) than one this worker has heard: a
+    driver that was stopped or cut off and came back after another took over. Never obeyed;
+    retried like an unreachable driver, so the worker keeps waiting for the current one."""
+
+
 class RequestRefusedError(RuntimeError):
     """The driver answered with an error status."""
 
@@ -39,6 +45,8 @@ class DriverClient:
         self._secret = secret
         self._unreachable_timeout = unreachable_timeout
         self._local = threading.local()
+        self.epoch = 0  # the newest driver epoch heard (0: none yet)
+        self._epoch_lock = threading.Lock()
 
     @classmethod
     def from_env(cls) -> DriverClient:
@@ -75,9 +83,12 @@ class DriverClient:
         conn = self._connection(wait)
         headers = protocol.sign_headers(self._secret, "POST", path, body)
         headers["Content-Type"] = "application/json"
+        if self.epoch:
+            headers[protocol.HEADER_EPOCH] = str(self.epoch)  # fences off an older driver
         conn.request("POST", path, body=body, headers=headers)
         response = conn.getresponse()
         data = response.read()
+        self._check_epoch(response.getheader(protocol.HEADER_EPOCH))
         if response.status != 200:
             try:
                 message = json.loads(data).get("error", "")
@@ -87,6 +98,18 @@ class DriverClient:
         result = json.loads(data)
         assert isinstance(result, dict)
         return result
+
+    def _check_epoch(self, header: str | None) -> None:
+        """Raises StaleDriverError for an answer below the newest epoch heard. An answer
+        without one (an error raised past the server's gate) says nothing either way."""
+        if header is None or not header.isdigit():
+            return
+        epoch = int(header)
+        with self._epoch_lock:  # the training thread and the notice watcher both call
+            if epoch < self.epoch:
+                raise StaleDriverError(f"an older driver answered (epoch {epoch}; this worker "
+                                       f"has heard epoch {self.epoch})")
+            self.epoch = epoch
 
     def _connection(self, wait: float) -> http.client.HTTPConnection:
         conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)

@@ -31,8 +31,9 @@ LISTEN_BACKLOG = 4096
 
 class WorkerServer:
     def __init__(self, secret: str, state: JobState, post: Callable[[ev.Event], None],
-                 timeline: JobTimeline | None = None) -> None:
-        self._signing = RequestSigning(secret)
+                 timeline: JobTimeline | None = None, epoch: int = 1,
+                 superseded: Callable[[int], None] | None = None) -> None:
+        self._signing = RequestSigning(secret, epoch, superseded)
         self.rounds = RoundEndpoints(state, post)
         self.kv = KVEndpoints(state)
         self.timeline = TimelineEndpoint(timeline or JobTimeline())
