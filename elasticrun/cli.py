@@ -137,6 +137,10 @@ def _positive(_ctx: click.Context, param: click.Parameter, value: float | None) 
 @click.option("--event-secret-file", type=click.Path(path_type=Path, dir_okay=False),
               metavar="FILE", help="Key that signs --event-webhook posts (HMAC-SHA256). Or set "
                                    "ELASTICRUN_EVENT_SECRET.")
+@click.option("--state-dir", type=click.Path(path_type=Path, file_okay=False), metavar="DIR",
+              help="Keep the job's journal in DIR (what a restarted driver needs to take the "
+                   "running workers back): the rounds, members, ranks, hosts and failures, "
+                   "rewritten after each change. Files 0600.")
 @click.option("--event-log", type=click.Path(path_type=Path, dir_okay=False), metavar="FILE",
               help="Append each job event to FILE as one JSON line.")
 @click.option("--timeline-filename", type=click.Path(path_type=Path, dir_okay=False),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import secrets
 import signal
 import time
@@ -18,6 +19,8 @@ from typing import Any
 from elasticrun import protocol
 from elasticrun.config import DriverConfig
 from elasticrun.driver.hosts.watcher import HostWatcher
+from elasticrun.driver.journal.opening import JobRecord, open_journal
+from elasticrun.driver.journal.writer import JournalWriter
 from elasticrun.driver.operate.failures import FailureLog
 from elasticrun.driver.operate.routes import OperatorRoutes
 from elasticrun.driver.operate.target import JobOperator
@@ -77,7 +80,8 @@ class Driver:
         self.results = self._server.results  # elasticrun.run: the function out, results in
         self._failures = FailureLog(self._telemetry)
         self._pool: WorkerPool | None = None
-        self._events = EventQueue(self.machine.handle, self._act)
+        self._journal: JournalWriter | None = None  # --state-dir
+        self._events = EventQueue(self._handle, self._act)
         self._stopping = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self._master: tuple[Any, tuple[str, int]] | None = None
@@ -128,6 +132,11 @@ class Driver:
         log.info("job %s: status at http://%s:%d/status", self.job_id,
                  "127.0.0.1" if covered(addresses, "127.0.0.1") else dialed[0], port)
         log.debug("driver server on %s port %d", ", ".join(addresses), port)
+        if config.state_dir is not None:
+            self._journal = await open_journal(config.state_dir, JobRecord(
+                self.job_id, 1, port, tuple(config.command), os.getpid()), self._secret,
+                self.machine.state)
+            log.info("job %s: journal in %s", self.job_id, config.state_dir)
         self._telemetry.job_started(config, hosts, self._watcher.describe())
         env = EnvSettings(
             rendezvous_addr=dialed[0], rendezvous_port=port, secret=self._secret,
@@ -143,6 +152,12 @@ class Driver:
                                 self._exited, self._rank_of)
         self.post(ev.JobStarted(hosts))
         self._run_task(self._watcher.run(lambda found: self.post(ev.HostsFound(found))))
+
+    def _handle(self, event: ev.Event, now: float) -> list[ev.Action]:
+        actions = self.machine.handle(event, now)
+        if self._journal is not None:
+            self._journal.mark()
+        return actions
 
     async def _shutdown(self) -> None:
         self._stopping = True
@@ -161,6 +176,9 @@ class Driver:
                 log.warning("%d driver task(s) did not stop within %gs: %s", len(stuck),
                             TASKS_STOP_S, ", ".join(sorted(repr(t.get_coro()) for t in stuck)))
         await self._server.stop()
+        if self._journal is not None:
+            await self._journal.flush()  # the job's end, for a --resume to refuse
+            await self._journal.close()
         self._timeline.close()
         await self._telemetry.close()
 

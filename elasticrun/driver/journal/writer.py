@@ -33,13 +33,14 @@ class JournalWriter:
         self._dirty = False
         self._task: asyncio.Task[None] | None = None
         self._last_write = float("-inf")
+        self._loop = asyncio.get_running_loop()  # made on the driver's loop
         self.writes = 0
 
     def mark(self) -> None:
         """The state changed: it will be written (soon, coalesced with later changes)."""
         self._dirty = True
         if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._drain())
+            self._task = self._loop.create_task(self._drain())
 
     async def flush(self) -> None:
         """Returns once the state as it is now is on disk."""

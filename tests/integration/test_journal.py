@@ -1,0 +1,54 @@
+"""--state-dir: the driver keeps its journal while the job runs (issue 27's first part)."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+from elasticrun.driver.journal.files import JournalFiles
+from tests.integration.harness import PYTHON, SCRIPTS, run_job
+
+TRAIN_ENV = {"TRAIN_SAMPLES": "64", "TRAIN_EPOCHS": "3", "TRAIN_BATCH": "4",
+             "FAULTS": "5:1:sigkill"}
+
+
+def test_the_journal_holds_the_job_as_it_ended(tmp_path: Path) -> None:
+    """A job on two hosts whose rank 1 is killed: the journal's last snapshot has the job
+    stopped, in round 2 on the host left, the failed host blacklisted, every worker with
+    the rounds it joined and holds; the secret beside it in a 0600 file, in no snapshot."""
+    state_dir = tmp_path / "state"
+    result = run_job(["-H", "localhost:1,127.0.0.1:1", "--min-np", "1", "--start-timeout",
+                      "60", "--state-dir", str(state_dir), PYTHON,
+                      str(SCRIPTS / "elastic_train.py")], TRAIN_ENV, log_dir=tmp_path / "logs")
+    assert result.returncode == 0, result.stderr[-2000:]
+    snapshot = JournalFiles(state_dir).read()
+    job, state = snapshot.body["job"], snapshot.body["state"]
+    assert snapshot.source == "current" and job["epoch"] == 1 and job["command"][0] == PYTHON
+    assert state["phase"] == "stopped" and state["round"]["number"] == 2
+    [(slot, worker)] = state["round"]["members"]
+    assert slot == ["localhost", 0] and worker in state["round"]["synced"]
+    assert list(state["hosts"]["blacklist"]) == ["127.0.0.1"]
+    [survivor] = state["workers"]  # the killed worker is forgotten with its round
+    assert (survivor["id"], survivor["joined_round"], survivor["synced_round"],
+            survivor["status"]) == (worker, 2, 2, "finished")
+    secret = state_dir / job["secret_file"]
+    assert stat.S_IMODE(secret.stat().st_mode) == 0o600
+    assert stat.S_IMODE((state_dir / "journal.json").stat().st_mode) == 0o600
+    token = secret.read_text()
+    assert len(token) >= 32
+    for path in state_dir.iterdir():
+        if path != secret:
+            assert token not in path.read_text()
+    assert token not in result.stdout + result.stderr
+    assert json.loads((state_dir / "journal.json").read_text())["format"] == 1
+
+
+def test_a_state_dir_that_cannot_be_written_is_one_line(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    result = run_job(["-np", "1", "--state-dir", str(blocker / "state"), PYTHON, "-c", "pass"])
+    assert result.returncode != 0
+    assert result.error_lines() == [f"elasticrun: error: --state-dir {blocker / 'state'}: "
+                                    f"cannot write there: Not a directory"]
+    assert "Traceback" not in result.stderr
