@@ -46,3 +46,23 @@ async def test_a_disk_that_fails_costs_a_warning_not_the_job(tmp_path: Path) -> 
     await writer.flush()  # does not raise
     assert writer.writes == 1
     await writer.close()
+
+
+async def test_the_heartbeat_rewrites_an_unchanged_state(tmp_path: Path) -> None:
+    """A quiet job's journal is rewritten anyway: its age is how a resumed driver tells a
+    live driver from a hung one."""
+    files = JournalFiles(tmp_path)
+    beats = iter(range(1, 10_000))
+    writer = JournalWriter(files, lambda: {"written": next(beats)}, min_interval=0.0)
+    await writer.flush()
+    assert files.read().body == {"written": 1}
+    heart = asyncio.get_running_loop().create_task(writer.heartbeat(0.02))
+    try:
+        for _ in range(300):
+            if files.read().body["written"] >= 4:
+                break
+            await asyncio.sleep(0.01)
+        assert files.read().body["written"] >= 4
+    finally:
+        heart.cancel()
+        await writer.close()

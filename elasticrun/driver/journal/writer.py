@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from elasticrun.driver.journal.fencing import HEARTBEAT_S
 from elasticrun.driver.journal.files import JournalFiles
 
 log = logging.getLogger("elasticrun.journal")
@@ -50,6 +51,14 @@ class JournalWriter:
             await self._task
         if self._dirty:
             await self._drain()
+
+    async def heartbeat(self, interval: float = HEARTBEAT_S) -> None:
+        """Rewrites the journal every `interval` seconds, changed or not: the time it was
+        written tells a resumed driver whether this one still lives (fencing.py). Runs until
+        cancelled."""
+        while True:
+            await asyncio.sleep(interval)
+            self.mark()
 
     async def close(self) -> None:
         if self._task is not None:
