@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import threading
 import time
@@ -35,6 +36,7 @@ MIN_NP = 2
 # Without hang detection, a SIGSTOP is found by the collective timeout: kept short then.
 WITHOUT_HANG_DETECTION = ["--no-hang-detection", "--collective-timeout", "4"]
 RECOVERY_TIMEOUT_S = 120.0
+WORKER_LINE = re.compile(r"\[\d+\]<\w+>:")
 
 DISCOVERY = f"""#!{PYTHON}
 import json, pathlib, sys, time
@@ -155,6 +157,12 @@ class Chaos:
         self.report.records = list(read_records(self.logs))
         return self.report
 
+    def driver_tail(self, lines: int = 12) -> str:
+        """The driver's own last lines (not its workers' forwarded output, "[rank]<stream>:
+        ..."): why it stopped, a traceback included."""
+        said = [line for line in list(self._err) if not WORKER_LINE.match(line)]
+        return "".join(said[-lines:])
+
     def _collect_output(self) -> None:
         for thread in self._drains:
             thread.join(10)
@@ -257,7 +265,11 @@ class Chaos:
         deadline = time.monotonic() + RECOVERY_TIMEOUT_S
         while self._step() < after + steps:
             if self.proc.poll() is not None:
-                raise AssertionError(f"the job ended during chaos ({self.proc.returncode})")
+                self._collect_output()
+                raise AssertionError(
+                    f"the job ended during chaos ({self.proc.returncode}); the last faults: "
+                    f"{self.report.injected[-3:]}; the driver's last lines:\n"
+                    f"{self.driver_tail()}")
             if time.monotonic() > deadline:
                 raise AssertionError(f"no progress for {RECOVERY_TIMEOUT_S:g}s after "
                                      f"{self.report.injected[-1:]}")
