@@ -13,6 +13,7 @@ from elasticrun.driver.hosts.registry import HostRegistry
 from elasticrun.driver.journal.files import JournalError, JournalFiles
 from elasticrun.driver.journal.opening import SECRET_FILE, JobRecord, open_journal
 from elasticrun.driver.journal.resuming import load
+from elasticrun.driver.rounds.state import JobPhase
 from tests.unit.test_journal_codec import recovered_job
 
 JOB = JobRecord("0123456789ab", 3, 45678, ("python", "train.py"), 4242)
@@ -68,3 +69,14 @@ async def test_a_snapshot_of_something_else_is_one_line(tmp_path: Path) -> None:
         load(directory, hosts())
     assert "\n" not in str(error.value)
     assert json.loads((directory / "journal.json").read_text())["body"]["job"]["id"] == JOB.id
+
+
+async def test_an_ended_job_is_not_resumed(tmp_path: Path) -> None:
+    directory = tmp_path / "state"
+    sim = recovered_job()
+    sim.state.phase = JobPhase.STOPPED
+    writer = await open_journal(directory, JOB, "s3cr3t", sim.state)
+    await writer.close()
+    with pytest.raises(JournalError, match="had already ended") as error:
+        load(directory, hosts())
+    assert "\n" not in str(error.value) and JOB.id in str(error.value)

@@ -1,7 +1,8 @@
 """Reading a job back for --resume: its record, its secret and the machine's state.
 
 Everything wrong with the directory is one line (JournalError): no snapshot, a corrupt one
-with no valid predecessor, a missing secret, a body this version did not write.
+with no valid predecessor, a missing secret, a body this version did not write, a job that
+had ended.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from elasticrun.driver.hosts.registry import HostRegistry
 from elasticrun.driver.journal import codec
 from elasticrun.driver.journal.files import JournalError, JournalFiles
 from elasticrun.driver.journal.opening import SECRET_FILE, JobRecord
-from elasticrun.driver.rounds.state import JobState
+from elasticrun.driver.rounds.state import JobPhase, JobState
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,9 @@ def load(directory: Path, hosts: HostRegistry, now: float | None = None,
                            f"({snapshot.source}) is not one this elasticrun wrote: "
                            f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
                            ) from None
+    if state.phase is JobPhase.STOPPED:
+        raise JournalError(f"cannot resume from {directory}: job {job.id} had already ended "
+                           f"when its driver stopped")
     try:
         secret = (directory / kept.get("secret_file", SECRET_FILE)).read_text().strip()
     except OSError as exc:

@@ -30,6 +30,7 @@ class TimerKind(enum.Enum):
     COOLDOWN_END = "cooldown_end"  # blacklisted `host` may return
     PROBE = "probe"  # a stalled `round`: who answered its probe, who is hung (liveness.py)
     FORMING = "forming"  # `round` not settled yet: what its laggards' hosts say (liveness.py)
+    RESUME_BOUND = "resume_bound"  # a resumed driver stops waiting for workers to come back
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,23 @@ class JobStarted:
     """The driver serves; `hosts` is the first discovery result."""
 
     hosts: HostSlots
+
+
+@dataclass(frozen=True)
+class JobResumed:
+    """A resumed driver serves, its state read back from the journal (resume.py): the
+    workers it kept get `bound_s` to come back."""
+
+    epoch: int
+    bound_s: float
+
+
+@dataclass(frozen=True)
+class WorkerBack:
+    """A worker the journal knows came back to the resumed driver (its agent said it runs
+    it)."""
+
+    worker: str
 
 
 @dataclass(frozen=True)
@@ -151,9 +169,9 @@ class Interrupted:
     code: int
 
 
-Event = (JobStarted | HostsFound | HostsDrained | HostsAdded | WorkerStarted | SpawnFailed
-         | WorkerExited | WorkerFailing | JoinAsked | WorkerSynced | TimerFired | Interrupted
-         | WorkerStalled | ProbeAnswered | ProcessesInspected)
+Event = (JobStarted | JobResumed | WorkerBack | HostsFound | HostsDrained | HostsAdded
+         | WorkerStarted | SpawnFailed | WorkerExited | WorkerFailing | JoinAsked | WorkerSynced
+         | TimerFired | Interrupted | WorkerStalled | ProbeAnswered | ProcessesInspected)
 
 
 # --- actions ---------------------------------------------------------------------------------

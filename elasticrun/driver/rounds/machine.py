@@ -8,6 +8,7 @@ as actions and come back as TimerFired events.
     RUNNING --host failed / reset asked--> RECOVERING --round cut--> RUNNING
     RECOVERING --short of --min-np--> (waits, up to --elastic-timeout)
     RUNNING --a member exited 0--> FINISHING --all members exited 0--> STOPPED
+    (resumed from the journal) --its workers back, or the bound--> as it was (resume.py)
     any --failure / interrupt / limit--> STOPPED
 """
 
@@ -19,7 +20,7 @@ from collections.abc import Callable
 from elasticrun.config import DriverConfig
 from elasticrun.discovery.parsing import format_hosts
 from elasticrun.driver.hosts.registry import HostRegistry
-from elasticrun.driver.rounds import cutting, growth, joins, liveness
+from elasticrun.driver.rounds import cutting, growth, joins, liveness, resume
 from elasticrun.driver.rounds.assignment import SlotId
 from elasticrun.driver.rounds.events import (
     Action,
@@ -28,6 +29,7 @@ from elasticrun.driver.rounds.events import (
     HostsDrained,
     HostsFound,
     Interrupted,
+    JobResumed,
     JobStarted,
     JoinAsked,
     ProbeAnswered,
@@ -36,6 +38,7 @@ from elasticrun.driver.rounds.events import (
     StopWorkers,
     TimerFired,
     TimerKind,
+    WorkerBack,
     WorkerExited,
     WorkerFailing,
     WorkerStalled,
@@ -76,8 +79,14 @@ class RoundMachine:
             liveness.stalled(step, event)
         elif isinstance(event, ProcessesInspected):
             _hung(step, liveness.inspected(step, event))
+        elif isinstance(event, HostsFound) and resume.holds_hosts(self.state, event.hosts):
+            pass  # a resumed driver's agents are still coming back
         elif isinstance(event, (HostsFound, JobStarted)):
             _hosts_found(step, event)
+        elif isinstance(event, WorkerBack):
+            _resume_decided(step, resume.back(step, event.worker))
+        elif isinstance(event, JobResumed):
+            _resume_decided(step, resume.started(step, event))
         elif isinstance(event, HostsDrained):
             _hosts_drained(step, event.hosts)
         elif isinstance(event, HostsAdded):
@@ -107,6 +116,12 @@ def _hosts_found(step: Step, event: HostsFound | JobStarted) -> None:
         cutting.try_start(step, waited_out=False)
     else:
         _hosts_changed(step)
+
+
+def _resume_decided(step: Step, held: dict[str, int] | None) -> None:
+    """A resumed driver decided about its workers: discovery's held answer applies now."""
+    if held is not None and not step.stopped:
+        _hosts_found(step, HostsFound(held))
 
 
 def _hosts_changed(step: Step) -> None:
@@ -257,6 +272,8 @@ def _timer_fired(step: Step, event: TimerFired) -> None:
         _hung(step, liveness.probe_due(step, timer.round))
     elif kind is TimerKind.FORMING:
         liveness.forming_due(step, timer.round)
+    elif kind is TimerKind.RESUME_BOUND:
+        _resume_decided(step, resume.bound_passed(step))
     elif kind is TimerKind.STANDBY_DEADLINE:
         growth.standby_deadline(step, timer.worker)
     elif kind is TimerKind.COOLDOWN_END:

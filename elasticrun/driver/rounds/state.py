@@ -127,6 +127,16 @@ class Stall:
 
 
 @dataclass
+class Resume:
+    """A resumed driver's wait for the workers its journal kept."""
+
+    epoch: int
+    started: float
+    back: set[str] = field(default_factory=set)
+    hosts: dict[str, int] | None = None  # discovery's latest answer, applied once decided
+
+
+@dataclass
 class JobState:
     hosts: HostRegistry
     phase: JobPhase = JobPhase.STARTING
@@ -145,6 +155,7 @@ class JobState:
     storm: Storm = field(default_factory=Storm)
     stall: Stall | None = None  # the current round's, while one lasts (liveness.py)
     probe_seq: int = 0  # the last probe number given out (probes of every round count)
+    resume: Resume | None = None  # a resumed driver waiting for its workers (resume.py)
 
     @property
     def round_number(self) -> int:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from elasticrun.driver.journal.readoption import (
+from elasticrun.driver.rounds import events as ev
+from elasticrun.driver.rounds.readoption import (
     FailMissing,
     FreshRound,
     Readopt,
@@ -13,7 +14,6 @@ from elasticrun.driver.journal.readoption import (
     decide,
     unknown,
 )
-from elasticrun.driver.rounds import events as ev
 from elasticrun.driver.rounds.state import JobPhase, JobState
 from tests.unit.machine_sim import Sim
 

@@ -1,0 +1,118 @@
+"""Pure: a resumed driver takes its workers back.
+
+The journal gave the machine its state (its phase, workers, round and hosts). The driver
+serves again at a newer epoch, and the workers that come back (their agent reconnects and
+says it still runs them) are counted; readoption.decide says what happens, as they come and
+when the bound passes:
+- every member of the kept round is back: the round goes on where it was (no rollback, no
+  restart, the same processes);
+- members missing at the bound: each is failed as a lost worker is (its host fails, the
+  round breaks, the others roll back to their commit), and the usual recovery runs;
+- the round was still forming when the old driver died: it is broken, and a fresh one is
+  cut with the workers that came back.
+Workers kept that are not members (standbys that were starting) and did not come back are
+forgotten. Discovery's answers are held meanwhile: when the driver starts no agent has
+reconnected yet, and an empty host list must not read as every host leaving.
+"""
+
+from __future__ import annotations
+
+from elasticrun.driver.rounds import cutting
+from elasticrun.driver.rounds.events import JobResumed, TimerKind
+from elasticrun.driver.rounds.readoption import FailMissing, FreshRound, Readopt, Refuse, decide
+from elasticrun.driver.rounds.state import JobPhase, JobState, Resume, WorkerStatus
+from elasticrun.driver.rounds.step import Step
+
+
+def started(step: Step, event: JobResumed) -> dict[str, int] | None:
+    state = step.state
+    state.resume = Resume(event.epoch, step.now)
+    expected = _kept(state)
+    step.timer(TimerKind.RESUME_BOUND, step.now + event.bound_s)
+    step.log("info", f"driver restarted (epoch {event.epoch}): waiting up to "
+                     f"{event.bound_s:g}s for {len(expected)} worker(s) to come back")
+    return _evaluate(step, bound_passed=False)
+
+
+def takes_back(state: JobState, worker_id: str, host: str) -> bool:
+    """Whether the resumed driver takes `worker_id`, run on `host`, back (it is one the
+    journal kept there, alive, and not back yet)."""
+    worker = state.workers.get(worker_id)
+    return state.resume is not None and worker is not None and worker.alive \
+        and worker.status is WorkerStatus.RUNNING and worker.slot.host == host \
+        and worker_id not in state.resume.back
+
+
+def back(step: Step, worker_id: str) -> dict[str, int] | None:
+    resume = step.state.resume
+    if resume is None or worker_id not in _kept(step.state):
+        return None
+    resume.back.add(worker_id)
+    return _evaluate(step, bound_passed=False)
+
+
+def bound_passed(step: Step) -> dict[str, int] | None:
+    return _evaluate(step, bound_passed=True) if step.state.resume is not None else None
+
+
+def holds_hosts(state: JobState, hosts: dict[str, int]) -> bool:
+    """While resuming, discovery's answer is kept for later (True) instead of applied."""
+    if state.resume is None:
+        return False
+    state.resume.hosts = dict(hosts)
+    return True
+
+
+def _kept(state: JobState) -> set[str]:
+    return {w.id for w in state.workers.values()
+            if w.alive and w.status is WorkerStatus.RUNNING}
+
+
+def _evaluate(step: Step, bound_passed: bool) -> dict[str, int] | None:
+    """Decides once it can; returns discovery's held answer then (to be applied), else
+    None."""
+    state = step.state
+    resume = state.resume
+    assert resume is not None
+    number = state.round_number
+    decision = decide(state, {worker: number for worker in resume.back}, bound_passed)
+    if isinstance(decision, Refuse):
+        step.fail(decision.reason)
+        return None
+    if not isinstance(decision, (Readopt, FailMissing, FreshRound)):
+        return None  # wait for more
+    expected = len(_kept(state))
+    state.resume = None
+    members = state.round.member_ids if state.round is not None else set()
+    for worker in state.workers.values():  # standbys that were starting, never back
+        if worker.alive and worker.id not in resume.back and worker.id not in members:
+            worker.alive = False
+            worker.status = WorkerStatus.RELEASED
+    waited = step.now - resume.started
+    step.log("info", f"driver restarted (epoch {resume.epoch}): re-adopted "
+                     f"{len(resume.back)} of {expected} worker(s) in {waited:.1f}s")
+    step.report("driver_resumed", epoch=resume.epoch, readopted=len(resume.back),
+                expected=expected, seconds=waited)
+    if isinstance(decision, FailMissing):
+        for worker_id in decision.missing:
+            worker = state.workers[worker_id]
+            worker.alive = False
+            worker.status = WorkerStatus.FAILED
+            cause = (f"rank {worker.rank} on host {worker.slot.host} did not come back to "
+                     f"the restarted driver")
+            step.record_failure(worker, cause, "lost", rank=worker.rank)
+            step.fail_host(worker.slot.host, cause)
+    elif isinstance(decision, FreshRound):
+        step.log("info", f"a fresh round is cut: {decision.why}")
+        for worker_id in list(members - resume.back):
+            state.workers[worker_id].alive = False
+            state.workers[worker_id].status = WorkerStatus.RELEASED
+        if state.round is None:  # the old driver died before its first round
+            state.phase = JobPhase.STARTING
+            step.timer(TimerKind.START_DEADLINE, step.now + step.config.start_timeout)
+            cutting.try_start(step, waited_out=False)
+        else:
+            step.break_round(number)
+            state.phase = JobPhase.RECOVERING
+            cutting.cut(step)
+    return resume.hosts

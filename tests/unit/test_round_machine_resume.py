@@ -1,0 +1,95 @@
+"""The round machine resumed from its journal: workers taken back as they come, or failed at
+the bound, and discovery held until then (pure, simulated time)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+from elasticrun.driver.hosts.registry import HostRegistry
+from elasticrun.driver.journal.codec import decode, encode
+from elasticrun.driver.rounds import events as ev
+from elasticrun.driver.rounds.resume import takes_back
+from elasticrun.driver.rounds.state import JobPhase, WorkerStatus
+from tests.unit.machine_sim import Sim, config, of, reports
+
+BOUND = 30.0
+
+
+def resumed(hosts: dict[str, int], *, form_only: bool = False) -> tuple[Sim, Sim]:
+    """A job running on `hosts` (its round complete and synced, unless `form_only`), and a
+    second machine resumed from its journal, as a restarted driver's is."""
+    cfg = config(np=sum(hosts.values()), min_np=1, blacklist_cooldown=(10.0, 100.0))
+    old = Sim(cfg)
+    if form_only:
+        old.start(hosts)
+    else:
+        old.running(hosts)
+    body = json.loads(json.dumps(encode(old.state, old.now, 1_790_000_000.0)))
+    new = Sim(cfg)
+    new.machine.state = decode(body, HostRegistry((10.0, 100.0), random.Random(0)),
+                               new.now, 1_790_000_005.0)
+    new.send(ev.JobResumed(2, BOUND))
+    return old, new
+
+
+def test_every_member_back_is_readopted_as_it_was() -> None:
+    old, new = resumed({"a": 2, "b": 1})
+    members = sorted(w.id for w in new.members())
+    assert all(takes_back(new.state, w.id, w.slot.host) for w in new.members())
+    assert not takes_back(new.state, members[0], "elsewhere")
+    actions: list[ev.Action] = []
+    for worker in members:
+        actions += new.send(ev.WorkerBack(worker))
+    assert new.state.resume is None and new.state.phase is JobPhase.RUNNING
+    assert new.state.round_number == 1 and sorted(w.id for w in new.members()) == members
+    assert "driver_resumed" in reports(actions)
+    assert not of(ev.BreakRound, actions) and not of(ev.Spawn, actions)
+    assert not of(ev.StopWorkers, actions)
+    assert not takes_back(new.state, members[0], "a")  # decided: nobody is taken any more
+
+
+def test_discovery_is_held_until_the_workers_are_back() -> None:
+    """No agent has reconnected when the driver starts: an empty host list then must not
+    read as every host leaving."""
+    _, new = resumed({"a": 1, "b": 1})
+    assert not new.send(ev.HostsFound({}))  # held: nothing planned, nobody notified
+    assert new.state.hosts.discovered == {"a": 1, "b": 1}
+    new.send(ev.HostsFound({"a": 1, "b": 1}))
+    actions = []
+    for worker in new.members():
+        actions += new.send(ev.WorkerBack(worker.id))
+    assert new.state.hosts.discovered == {"a": 1, "b": 1}
+    assert new.state.notice_seq == 0 and not of(ev.PostNotice, actions)
+
+
+def test_a_member_missing_at_the_bound_is_failed_and_the_others_recover() -> None:
+    _, new = resumed({"a": 1, "b": 1, "c": 1})
+    lost = new.worker_on("c")
+    for worker in new.members():
+        if worker is not lost:
+            new.send(ev.WorkerBack(worker.id))
+    assert new.state.resume is not None  # still waiting for c
+    actions = new.advance(BOUND + 0.1)
+    assert new.state.resume is None
+    assert not lost.alive and lost.status is WorkerStatus.FAILED
+    assert new.state.hosts.is_blacklisted("c", new.now)
+    assert of(ev.BreakRound, actions) == [ev.BreakRound(1)]
+    failures = of(ev.RecordFailure, actions)
+    assert [f.cause for f in failures] == ["rank 2 on host c did not come back to the "
+                                           "restarted driver"]
+    new.advance(1.0)  # failures collected: the next round without c
+    assert new.state.round_number == 2 and {s.host for s in new.state.assignment} == {"a", "b"}
+
+
+def test_a_round_that_was_forming_is_cut_afresh_with_those_back() -> None:
+    _, new = resumed({"a": 1, "b": 1}, form_only=True)
+    assert new.state.round is not None and not new.state.round.complete
+    actions: list[ev.Action] = []
+    for worker in new.members():
+        actions += new.send(ev.WorkerBack(worker.id))
+    assert of(ev.BreakRound, actions) == [ev.BreakRound(1)]
+    actions += new.advance(1.0)
+    assert new.state.round_number == 2
+    assert not of(ev.Spawn, actions)  # the same processes, in a new round
+
