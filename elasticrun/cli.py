@@ -141,6 +141,10 @@ def _positive(_ctx: click.Context, param: click.Parameter, value: float | None) 
               help="Keep the job's journal in DIR (what a restarted driver needs to take the "
                    "running workers back): the rounds, members, ranks, hosts and failures, "
                    "rewritten after each change. Files 0600.")
+@click.option("--resume", is_flag=True,
+              help="Take the job kept in --state-dir back after its driver was lost: the "
+                   "same command line plus --resume. Its running workers are re-adopted "
+                   "(waiting up to --start-timeout for them) instead of restarted.")
 @click.option("--event-log", type=click.Path(path_type=Path, dir_okay=False), metavar="FILE",
               help="Append each job event to FILE as one JSON line.")
 @click.option("--timeline-filename", type=click.Path(path_type=Path, dir_okay=False),

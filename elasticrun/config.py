@@ -55,6 +55,7 @@ class DriverConfig:
     event_webhooks: tuple[str, ...] = ()
     event_log: Path | None = None
     state_dir: Path | None = None  # the journal (driver/journal/), for a restarted driver
+    resume: bool = False  # take the job in state_dir back (a restarted driver)
     event_key: bytes | None = field(default=None, repr=False)
     timeline_filename: Path | None = None  # the job's trace, written by the driver
     timeline_mark_cycles: bool = False

@@ -57,6 +57,7 @@ def build_config(
     event_webhooks: tuple[str, ...] = (),
     event_log: Path | None = None,
     state_dir: Path | None = None,
+    resume: bool = False,
     webhook_token_file: Path | None = None,
     event_secret_file: Path | None = None,
     driver_timeout: float = 30.0,
@@ -103,6 +104,9 @@ def build_config(
     if discovery is not None and parse_spec(discovery).target == "webhook" and token is None:
         raise ConfigError("--discovery webhook needs a token for the host-change webhook: "
                           "--webhook-token-file FILE or ELASTICRUN_WEBHOOK_TOKEN")
+    if resume and state_dir is None:
+        raise ConfigError("--resume needs --state-dir DIR: the directory of the journal the "
+                          "job's first driver kept")
     if max_np is None and not elastic:
         max_np = np
     config = DriverConfig(
@@ -140,6 +144,7 @@ def build_config(
         event_webhooks=tuple(_check_url(url) for url in event_webhooks),
         event_log=event_log,
         state_dir=state_dir,
+        resume=resume,
         webhook_token=token,
         event_key=key.encode() if key is not None else None,
         launcher=launcher,

@@ -20,6 +20,7 @@ from elasticrun import protocol
 from elasticrun.config import DriverConfig
 from elasticrun.driver.hosts.watcher import HostWatcher
 from elasticrun.driver.journal.opening import JobRecord, open_journal
+from elasticrun.driver.journal.resuming import Resumed, take_over
 from elasticrun.driver.journal.writer import JournalWriter
 from elasticrun.driver.operate.failures import FailureLog
 from elasticrun.driver.operate.routes import OperatorRoutes
@@ -32,6 +33,7 @@ from elasticrun.driver.processes.pool import PoolSettings, WorkerPool
 from elasticrun.driver.processes.records import EnvSettings, new_worker_id
 from elasticrun.driver.queue import EventQueue
 from elasticrun.driver.rounds import events as ev
+from elasticrun.driver.rounds import resume
 from elasticrun.driver.rounds.machine import RoundMachine
 from elasticrun.driver.server.app import WorkerServer
 from elasticrun.driver.server.listen import (
@@ -42,6 +44,7 @@ from elasticrun.driver.server.listen import (
 )
 from elasticrun.errors import ConfigError, ElasticrunError, JobFailedError, SpawnError
 from elasticrun.job_config import JobParts
+from elasticrun.launch.agent_process import AgentProcess
 from elasticrun.launch.base import launcher_env
 
 log = logging.getLogger("elasticrun.driver")
@@ -56,12 +59,23 @@ class Driver:
         """`extra_env`: set for every worker of the job (elasticrun.run's env=)."""
         self._config = config
         self._output = output
+        self.machine = RoundMachine(config, new_worker_id)
         self.job_id = secrets.token_hex(6)
+        self._secret = protocol.new_secret()
+        self._epoch = 1  # fencing: a resumed driver's is one more than its journal's
+        self._resumed: Resumed | None = None
+        self._superseded_by = 0  # a newer driver's epoch, once one took the job over
+        if config.resume:
+            assert config.state_dir is not None
+            self._resumed = take_over(config.state_dir, self.machine.state.hosts)
+            self.machine.state = self._resumed.state
+            self.job_id = self._resumed.job.id
+            self._secret = self._resumed.secret
+            self._epoch = self._resumed.job.epoch + 1
         self._telemetry = Telemetry.for_config(config, self.job_id)
         self._launcher = parts.launcher
         self._placement = Placement(config, parts.launcher)
         self._extra_env = dict(extra_env or {})
-        self.machine = RoundMachine(config, new_worker_id)
         self._watcher = HostWatcher(parts.discovery, config.discovery_interval,
                                     self._telemetry.discovery_polled)
         self._agents = parts.agents
@@ -69,14 +83,14 @@ class Driver:
             self._agents.job_id = self.job_id
             self._agents.on_change = lambda: self._watcher.wake(poll=True)
             self._agents.on_drain = lambda host: self.post(ev.HostsDrained((host,)))
+            self._agents.adopt = self._adopt
         self._operator = JobOperator(self.job_id, time.time(), config, self.machine.state,
                                      self._watcher, self._telemetry, self.post)
         self._routes = OperatorRoutes(self._operator, config.webhook_token,
                                       config.slots_per_host or 1)
-        self._secret = protocol.new_secret()
         self._timeline = JobTimeline(config.timeline_filename, config.timeline_mark_cycles)
         self._server = WorkerServer(self._secret, self.machine.state, self.post,
-                                    self._timeline)
+                                    self._timeline, self._epoch, self._superseded)
         self.results = self._server.results  # elasticrun.run: the function out, results in
         self._failures = FailureLog(self._telemetry)
         self._pool: WorkerPool | None = None
@@ -120,11 +134,16 @@ class Driver:
                   for host in ["localhost", *hosts]]
         addresses = listen_addresses(config.bind, all_local, dialed)
         routes = self._routes.routes() + (self._agents.routes() if self._agents else [])
+        port = config.port
+        if self._resumed is not None:  # the same port, and the new epoch on disk first
+            port = self._resumed.job.port
+            self._journal = await self._open_journal(port)
+            self._make_pool(dialed[0], port, all_local)
         try:
-            port = await self._server.start(addresses, config.port, routes)
+            port = await self._server.start(addresses, port, routes)
         except OSError as exc:
             raise ConfigError(f"cannot listen on {', '.join(addresses)} port "
-                              f"{config.port}: {exc.strerror or exc}") from None
+                              f"{port}: {exc.strerror or exc}") from None
         if config.uses_agents:
             log.info("agents connect at http://%s:%d", ",".join(addresses), port)
         elif (warning := wildcard_warning(addresses, port)) is not None:
@@ -132,14 +151,34 @@ class Driver:
         log.info("job %s: status at http://%s:%d/status", self.job_id,
                  "127.0.0.1" if covered(addresses, "127.0.0.1") else dialed[0], port)
         log.debug("driver server on %s port %d", ", ".join(addresses), port)
-        if config.state_dir is not None:
-            self._journal = await open_journal(config.state_dir, JobRecord(
-                self.job_id, 1, port, tuple(config.command), os.getpid()), self._secret,
-                self.machine.state)
-            log.info("job %s: journal in %s", self.job_id, config.state_dir)
+        if config.state_dir is not None and self._journal is None:
+            self._journal = await self._open_journal(port)
+        if self._journal is not None:
+            self._run_task(self._journal.heartbeat())
         self._telemetry.job_started(config, hosts, self._watcher.describe())
+        if self._pool is None:
+            self._make_pool(dialed[0], port, all_local)
+        if self._resumed is not None:
+            self.post(ev.JobResumed(self._epoch, config.start_timeout))
+            self.post(ev.HostsFound(hosts))
+        else:
+            self.post(ev.JobStarted(hosts))
+        self._run_task(self._watcher.run(lambda found: self.post(ev.HostsFound(found))))
+
+    async def _open_journal(self, port: int) -> JournalWriter:
+        config = self._config
+        assert config.state_dir is not None
+        journal = await open_journal(config.state_dir, JobRecord(
+            self.job_id, self._epoch, port, tuple(config.command), os.getpid()), self._secret,
+            self.machine.state)
+        log.info("job %s: journal in %s (driver epoch %d)", self.job_id, config.state_dir,
+                 self._epoch)
+        return journal
+
+    def _make_pool(self, address: str, port: int, all_local: bool) -> None:
+        config = self._config
         env = EnvSettings(
-            rendezvous_addr=dialed[0], rendezvous_port=port, secret=self._secret,
+            rendezvous_addr=address, rendezvous_port=port, secret=self._secret,
             collective_timeout=config.collective_timeout,
             round_timeout=config.start_timeout + config.elastic_timeout,
             driver_timeout=config.driver_timeout, backend=config.backend, elastic=config.elastic,
@@ -150,8 +189,6 @@ class Driver:
                                 {**self._timeline.worker_env(), **self._extra_env})
         self._pool = WorkerPool(settings, self._launcher, self._dial_address, self._output,
                                 self._exited, self._rank_of)
-        self.post(ev.JobStarted(hosts))
-        self._run_task(self._watcher.run(lambda found: self.post(ev.HostsFound(found))))
 
     def _handle(self, event: ev.Event, now: float) -> list[ev.Action]:
         actions = self.machine.handle(event, now)
@@ -164,10 +201,11 @@ class Driver:
         self._events.close()
         for task in list(self._tasks):
             task.cancel()
-        if self._pool is not None:
+        superseded = self._superseded_by > 0  # the job is another driver's: leave it be
+        if self._pool is not None and not superseded:
             await self._pool.stop_all()
         await self._launcher.close()
-        if self._agents is not None:
+        if self._agents is not None and not superseded:
             await self._agents.close(self._exit_code)
         if self._tasks:
             # Bounded: a task that ignored its cancellation must not keep the launcher alive.
@@ -177,7 +215,8 @@ class Driver:
                             TASKS_STOP_S, ", ".join(sorted(repr(t.get_coro()) for t in stuck)))
         await self._server.stop()
         if self._journal is not None:
-            await self._journal.flush()  # the job's end, for a --resume to refuse
+            if not superseded:
+                await self._journal.flush()  # the job's end, for a --resume to refuse
             await self._journal.close()
         self._timeline.close()
         await self._telemetry.close()
@@ -266,6 +305,26 @@ class Driver:
         assert self._pool is not None
         views = await self._pool.inspect(action.workers)
         self.post(ev.ProcessesInspected(action.round, tuple(views.items())))
+
+    def _adopt(self, host: str, worker_id: str, process: AgentProcess) -> bool:
+        """An agent that came back to this resumed driver runs `worker_id`: it is taken back
+        if the journal kept it there."""
+        state = self.machine.state
+        if self._pool is None or not resume.takes_back(state, worker_id, host):
+            return False
+        self._pool.adopt(worker_id, state.workers[worker_id].slot, process)
+        self.post(ev.WorkerBack(worker_id))
+        return True
+
+    def _superseded(self, epoch: int) -> None:
+        """A worker named a newer driver's epoch: this one was replaced (it was stopped, or
+        cut off, while another resumed the job). It leaves without touching the job."""
+        if self._superseded_by:
+            return
+        self._superseded_by = epoch
+        self._end(JobFailedError(f"driver epoch {self._epoch} was superseded by epoch "
+                                 f"{epoch} (a resumed driver took the job over); this one "
+                                 f"exits and leaves the job to it"))
 
     def _exited(self, worker_id: str, code: int) -> None:
         self.post(ev.WorkerExited(worker_id, code))

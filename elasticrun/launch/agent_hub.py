@@ -9,7 +9,8 @@ An agent that says `drain` (it got SIGTERM) has its host drained: its workers le
 next commit, and it says `bye` once they have.
 
 A reconnect (the same agent id, e.g. after a network blip the driver never noticed) takes
-over its workers; workers the driver no longer knows are named in the welcome to be stopped.
+over its workers; so does a resumed driver's hub, for the workers its journal kept there
+(`adopt`); workers the driver does not know are named in the welcome to be stopped.
 """
 
 from __future__ import annotations
@@ -68,6 +69,9 @@ class AgentHub:
         self._joined = asyncio.Event()  # set (and replaced) whenever an agent joins
         self.on_change: Callable[[], None] = lambda: None  # hosts came or went
         self.on_drain: Callable[[str], None] = lambda host: None
+        # A resumed driver's: whether it takes back a worker an agent says it runs but this
+        # hub never started (host, worker id, the process as seen from here).
+        self.adopt: Callable[[str, str, AgentProcess], bool] = lambda host, worker, p: False
 
     def routes(self) -> list[web.RouteDef]:
         return [web.get(wire.PATH, self._serve)]
@@ -172,10 +176,10 @@ class AgentHub:
             self.on_change()
         return link
 
-    @staticmethod
-    def _take_over(old: AgentLink | None, link: AgentLink) -> list[str]:
-        """Moves a reconnecting agent's workers to its new link; returns the ones the driver
-        does not know (they are to be stopped)."""
+    def _take_over(self, old: AgentLink | None, link: AgentLink) -> list[str]:
+        """Moves a reconnecting agent's workers to its new link, and offers the others to
+        `adopt` (a resumed driver's agents come back to a hub that never knew them);
+        returns the ones nobody takes (they are to be stopped)."""
         still_running = set(link.hello.workers)
         if old is not None:
             for worker, process in old.processes.items():
@@ -185,7 +189,17 @@ class AgentHub:
                 else:
                     process.lost()  # it ended while the agent was away: its exit is unknown
             old.processes.clear()
-        return [worker for worker in link.hello.workers if worker not in link.processes]
+        unknown = []
+        for worker in link.hello.workers:
+            if worker in link.processes:
+                continue
+            process = AgentProcess(worker, link.send)
+            process.heard(wire.Started(worker, 0))
+            if self.adopt(link.host, worker, process):
+                link.processes[worker] = process
+            else:
+                unknown.append(worker)
+        return unknown
 
     async def _handle(self, link: AgentLink, message: wire.Message) -> None:
         if isinstance(message, (wire.Started, wire.StartFailed, wire.Output, wire.Exited,

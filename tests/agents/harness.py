@@ -72,11 +72,18 @@ class AgentJob:
         self.env, self.tag = job_env(env)
         self.ns = ns
         self.agents: dict[str, subprocess.Popen[bytes]] = {}
+        self.proc = self.start_driver(args)
+
+    def start_driver(self, args: Sequence[str]) -> subprocess.Popen[str]:
+        """The job's driver, on the job's port (a restarted one: the same arguments with
+        --resume)."""
         self.proc = subprocess.Popen(
-            in_ns(ns, [PYTHON, "-m", "elasticrun", "--launcher", "agent", "--port",
-                       str(self.port), "--agent-token-file", str(self.token_file), *args]),
+            in_ns(self.ns, [PYTHON, "-m", "elasticrun", "--launcher", "agent", "--port",
+                            str(self.port), "--agent-token-file", str(self.token_file),
+                            *args]),
             env=self.env, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True)
+        return self.proc
 
     # --- agents -----------------------------------------------------------------------------
     def start_agent(self, host: str, slots: int, ns: str | None = None,

@@ -41,6 +41,7 @@ def test_every_member_back_is_readopted_as_it_was() -> None:
     actions: list[ev.Action] = []
     for worker in members:
         actions += new.send(ev.WorkerBack(worker))
+    actions += new.send(ev.HostsFound({"a": 2, "b": 1}))  # discovery agrees
     assert new.state.resume is None and new.state.phase is JobPhase.RUNNING
     assert new.state.round_number == 1 and sorted(w.id for w in new.members()) == members
     assert "driver_resumed" in reports(actions)
@@ -49,18 +50,33 @@ def test_every_member_back_is_readopted_as_it_was() -> None:
     assert not takes_back(new.state, members[0], "a")  # decided: nobody is taken any more
 
 
-def test_discovery_is_held_until_the_workers_are_back() -> None:
-    """No agent has reconnected when the driver starts: an empty host list then must not
-    read as every host leaving."""
+def test_discovery_is_held_until_it_lists_the_hosts_of_those_back() -> None:
+    """No agent has reconnected when the driver starts, and agents come back one by one: a
+    list without some of them must not read as their hosts leaving."""
     _, new = resumed({"a": 1, "b": 1})
     assert not new.send(ev.HostsFound({}))  # held: nothing planned, nobody notified
-    assert new.state.hosts.discovered == {"a": 1, "b": 1}
-    new.send(ev.HostsFound({"a": 1, "b": 1}))
-    actions = []
+    actions: list[ev.Action] = []
     for worker in new.members():
         actions += new.send(ev.WorkerBack(worker.id))
-    assert new.state.hosts.discovered == {"a": 1, "b": 1}
+    assert new.state.resume is not None and new.state.resume.decided
+    actions += new.send(ev.HostsFound({"b": 1}))  # a's agent is still saying hello
+    assert new.state.hosts.discovered == {"a": 1, "b": 1} and new.state.resume is not None
+    actions += new.send(ev.HostsFound({"b": 1, "a": 1}))
+    assert new.state.resume is None and new.state.hosts.discovered == {"a": 1, "b": 1}
     assert new.state.notice_seq == 0 and not of(ev.PostNotice, actions)
+    new.send(ev.HostsFound({"a": 1}))  # from now on, discovery is heard as usual
+    assert new.state.notice_seq == 1
+
+
+def test_at_the_bound_discovery_is_heard_whatever_it_says() -> None:
+    _, new = resumed({"a": 1, "b": 1})
+    for worker in new.members():
+        new.send(ev.WorkerBack(worker.id))
+    new.send(ev.HostsFound({"a": 1}))
+    assert new.state.resume is not None
+    new.advance(BOUND + 0.1)
+    assert new.state.resume is None and new.state.hosts.discovered == {"a": 1}
+    assert new.state.notice_seq == 1  # b is gone: the next round is announced
 
 
 def test_a_member_missing_at_the_bound_is_failed_and_the_others_recover() -> None:

@@ -7,15 +7,22 @@ had ended.
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from elasticrun.driver.hosts.registry import HostRegistry
-from elasticrun.driver.journal import codec
+from elasticrun.driver.journal import codec, fencing
 from elasticrun.driver.journal.files import JournalError, JournalFiles
 from elasticrun.driver.journal.opening import SECRET_FILE, JobRecord
 from elasticrun.driver.rounds.state import JobPhase, JobState
+
+log = logging.getLogger("elasticrun.driver")
+
+FENCE_WAIT_S = 5.0  # how long a fenced old driver gets to be gone after SIGKILL
 
 
 @dataclass(frozen=True)
@@ -56,3 +63,31 @@ def load(directory: Path, hosts: HostRegistry, now: float | None = None,
     if not secret:
         raise JournalError(f"cannot resume from {directory}: the job's secret file is empty")
     return Resumed(job, written_at, secret, state, snapshot.source)
+
+
+def take_over(directory: Path, hosts: HostRegistry) -> Resumed:
+    """Loads the job, then fences the driver the journal names (fencing.py): refused while
+    it runs, killed first when it is stopped or hung. JournalError (one line) if not."""
+    resumed = load(directory, hosts)
+    old = fencing.look(resumed.job.driver_pid, time.time() - resumed.written_at)
+    decision = fencing.decide(old, os.getpid())
+    if isinstance(decision, fencing.Refuse):
+        raise JournalError(f"cannot resume from {directory}: {decision.reason}")
+    if isinstance(decision, fencing.FenceFirst):
+        log.warning("the job's old driver (pid %d) is fenced first: %s", decision.pid,
+                    decision.why)
+        _kill_and_wait(directory, decision.pid, old.heartbeat_age_s)
+    return resumed
+
+
+def _kill_and_wait(directory: Path, pid: int, age: float) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + FENCE_WAIT_S
+    while fencing.look(pid, age).state is not fencing.OldDriverState.GONE:
+        if time.monotonic() > deadline:
+            raise JournalError(f"cannot resume from {directory}: the old driver (pid {pid}) "
+                               f"is still there {FENCE_WAIT_S:g}s after SIGKILL")
+        time.sleep(0.05)

@@ -50,6 +50,11 @@ class Telemetry:
             self._bus.emit("job_failed", exit_code=exit_code, error=error, rounds=rounds,
                            resets=max(0, rounds - 1))
 
+    def driver_resumed(self, epoch: int, readopted: int, expected: int,
+                       seconds: float) -> None:
+        self._bus.emit("driver_resumed", epoch=epoch, readopted=readopted, expected=expected,
+                       seconds=round(seconds, 3))
+
     async def close(self, timeout: float = 2.0) -> None:
         await self._bus.close(timeout)
 

@@ -15,7 +15,7 @@ from elasticrun import protocol
 from elasticrun.driver.processes.output import OutputRouter
 from elasticrun.driver.processes.records import EnvSettings, WorkerProcessRecord, job_env
 from elasticrun.driver.rounds.assignment import SlotId
-from elasticrun.launch.base import Launcher, WorkerSpec
+from elasticrun.launch.base import Launcher, WorkerProcess, WorkerSpec
 from elasticrun.process_view import ProcessState, ProcessView
 from elasticrun.protocol import SlotInfo
 from elasticrun.timed import within
@@ -72,6 +72,11 @@ class WorkerPool:
         process = await self._launcher.start(WorkerSpec(
             worker_id, slot.host, settings.command, settings.working_dir, env,
             settings.launcher_env))
+        self.adopt(worker_id, slot, process)
+
+    def adopt(self, worker_id: str, slot: SlotId, process: WorkerProcess) -> None:
+        """Watches `process` as this pool's (one it started, or one a resumed driver takes
+        back): its output is forwarded, its exit reported, it is stopped when told."""
         record = WorkerProcessRecord(worker_id, slot, process)
         self._processes[worker_id] = record
         record.watcher = asyncio.get_running_loop().create_task(self._watch(record))

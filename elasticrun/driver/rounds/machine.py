@@ -79,8 +79,8 @@ class RoundMachine:
             liveness.stalled(step, event)
         elif isinstance(event, ProcessesInspected):
             _hung(step, liveness.inspected(step, event))
-        elif isinstance(event, HostsFound) and resume.holds_hosts(self.state, event.hosts):
-            pass  # a resumed driver's agents are still coming back
+        elif isinstance(event, HostsFound) and self.state.resume is not None:
+            _resume_decided(step, resume.hosts_found(step, event.hosts))
         elif isinstance(event, (HostsFound, JobStarted)):
             _hosts_found(step, event)
         elif isinstance(event, WorkerBack):

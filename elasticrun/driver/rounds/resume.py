@@ -11,8 +11,9 @@ when the bound passes:
 - the round was still forming when the old driver died: it is broken, and a fresh one is
   cut with the workers that came back.
 Workers kept that are not members (standbys that were starting) and did not come back are
-forgotten. Discovery's answers are held meanwhile: when the driver starts no agent has
-reconnected yet, and an empty host list must not read as every host leaving.
+forgotten. Discovery's answers are held meanwhile, and after, until one lists every host a
+live member runs on (or the bound passes): when the driver starts no agent has reconnected,
+and agents come back one by one; a list without them must not read as their hosts leaving.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from elasticrun.driver.rounds.step import Step
 
 def started(step: Step, event: JobResumed) -> dict[str, int] | None:
     state = step.state
-    state.resume = Resume(event.epoch, step.now)
     expected = _kept(state)
+    state.resume = Resume(event.epoch, step.now, len(expected))
     step.timer(TimerKind.RESUME_BOUND, step.now + event.bound_s)
     step.log("info", f"driver restarted (epoch {event.epoch}): waiting up to "
                      f"{event.bound_s:g}s for {len(expected)} worker(s) to come back")
@@ -36,31 +37,53 @@ def started(step: Step, event: JobResumed) -> dict[str, int] | None:
 
 def takes_back(state: JobState, worker_id: str, host: str) -> bool:
     """Whether the resumed driver takes `worker_id`, run on `host`, back (it is one the
-    journal kept there, alive, and not back yet)."""
+    journal kept there, alive, and not back yet, and who is back is not settled yet)."""
     worker = state.workers.get(worker_id)
-    return state.resume is not None and worker is not None and worker.alive \
+    return state.resume is not None and not state.resume.decided and worker is not None \
+        and worker.alive \
         and worker.status is WorkerStatus.RUNNING and worker.slot.host == host \
         and worker_id not in state.resume.back
 
 
 def back(step: Step, worker_id: str) -> dict[str, int] | None:
     resume = step.state.resume
-    if resume is None or worker_id not in _kept(step.state):
+    if resume is None or resume.decided or worker_id not in _kept(step.state):
         return None
     resume.back.add(worker_id)
     return _evaluate(step, bound_passed=False)
 
 
 def bound_passed(step: Step) -> dict[str, int] | None:
-    return _evaluate(step, bound_passed=True) if step.state.resume is not None else None
+    resume = step.state.resume
+    if resume is None:
+        return None
+    if not resume.decided:
+        return _evaluate(step, bound_passed=True)
+    return _release(step, bound_passed=True)
 
 
-def holds_hosts(state: JobState, hosts: dict[str, int]) -> bool:
-    """While resuming, discovery's answer is kept for later (True) instead of applied."""
-    if state.resume is None:
-        return False
-    state.resume.hosts = dict(hosts)
-    return True
+def hosts_found(step: Step, hosts: dict[str, int]) -> dict[str, int] | None:
+    """While resuming, discovery's answer is held; returns it, to be applied, once it
+    agrees with the workers taken back."""
+    resume = step.state.resume
+    assert resume is not None
+    resume.hosts = dict(hosts)
+    return _release(step, bound_passed=False)
+
+
+def _release(step: Step, bound_passed: bool) -> dict[str, int] | None:
+    """Ends the resume once decided and discovery lists every live member's host (or at the
+    bound); returns discovery's held answer, to be applied then."""
+    state = step.state
+    resume = state.resume
+    if resume is None or not resume.decided:
+        return None
+    members = state.round.member_ids if state.round is not None else set()
+    needed = {w.slot.host for w in state.workers.values() if w.alive and w.id in members}
+    if not bound_passed and (resume.hosts is None or not needed <= set(resume.hosts)):
+        return None
+    state.resume = None
+    return resume.hosts
 
 
 def _kept(state: JobState) -> set[str]:
@@ -81,8 +104,7 @@ def _evaluate(step: Step, bound_passed: bool) -> dict[str, int] | None:
         return None
     if not isinstance(decision, (Readopt, FailMissing, FreshRound)):
         return None  # wait for more
-    expected = len(_kept(state))
-    state.resume = None
+    resume.decided = True
     members = state.round.member_ids if state.round is not None else set()
     for worker in state.workers.values():  # standbys that were starting, never back
         if worker.alive and worker.id not in resume.back and worker.id not in members:
@@ -90,9 +112,9 @@ def _evaluate(step: Step, bound_passed: bool) -> dict[str, int] | None:
             worker.status = WorkerStatus.RELEASED
     waited = step.now - resume.started
     step.log("info", f"driver restarted (epoch {resume.epoch}): re-adopted "
-                     f"{len(resume.back)} of {expected} worker(s) in {waited:.1f}s")
+                     f"{len(resume.back)} of {resume.expected} worker(s) in {waited:.1f}s")
     step.report("driver_resumed", epoch=resume.epoch, readopted=len(resume.back),
-                expected=expected, seconds=waited)
+                expected=resume.expected, seconds=waited)
     if isinstance(decision, FailMissing):
         for worker_id in decision.missing:
             worker = state.workers[worker_id]
@@ -115,4 +137,4 @@ def _evaluate(step: Step, bound_passed: bool) -> dict[str, int] | None:
             step.break_round(number)
             state.phase = JobPhase.RECOVERING
             cutting.cut(step)
-    return resume.hosts
+    return _release(step, bound_passed)

@@ -132,8 +132,10 @@ class Resume:
 
     epoch: int
     started: float
+    expected: int  # the workers the journal kept, alive
     back: set[str] = field(default_factory=set)
-    hosts: dict[str, int] | None = None  # discovery's latest answer, applied once decided
+    decided: bool = False  # who is back is settled; discovery may still be catching up
+    hosts: dict[str, int] | None = None  # discovery's latest answer, held until it agrees
 
 
 @dataclass
