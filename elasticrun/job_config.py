@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from elasticrun import protocol
-from elasticrun.config import DriverConfig
+from elasticrun.config import AGENT_LAUNCHERS, DriverConfig
 from elasticrun.discovery import HostDiscovery, HostfileDiscovery, ScriptDiscovery, StaticDiscovery
 from elasticrun.discovery.parsing import parse_hosts_flag
 from elasticrun.discovery.plugins import DiscoveryOptions, load_discovery, parse_spec
@@ -150,6 +150,10 @@ def build_config(
         launcher=launcher,
         agent_token=agent_token,
     )
+    if resume and launcher_target not in AGENT_LAUNCHERS:
+        raise ConfigError("--resume takes back workers that run under elasticrun agents "
+                          "(--launcher agent); the local, ssh and slurm launchers' workers "
+                          "end with their driver, so there would be nothing to take back")
     if config.uses_agents and not config.bind:
         # Agents connect from wherever they run (every request is authenticated).
         config = replace(config, bind=("0.0.0.0",))

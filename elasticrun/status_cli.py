@@ -42,7 +42,9 @@ def format_status(status: dict[str, Any]) -> str:
         f"job {status.get('job_id')}: {status.get('state')}, round {status.get('round')}, "
         f"world size {status.get('world_size')}, resets {status.get('resets')}"
         + (f"/{status['reset_limit']}" if status.get("reset_limit") is not None else "")
-        + f", up {_duration(status.get('uptime_s'))}",
+        + f", up {_duration(status.get('uptime_s'))}"
+        + (f", driver epoch {status['driver_epoch']} (resumed)"
+           if (status.get("driver_epoch") or 1) > 1 else ""),
     ]
     discovery = status.get("discovery") or {}
     lines.append(f"hosts from {discovery.get('source')}"

@@ -85,7 +85,7 @@ class Driver:
             self._agents.on_drain = lambda host: self.post(ev.HostsDrained((host,)))
             self._agents.adopt = self._adopt
         self._operator = JobOperator(self.job_id, time.time(), config, self.machine.state,
-                                     self._watcher, self._telemetry, self.post)
+                                     self._watcher, self._telemetry, self.post, self._epoch)
         self._routes = OperatorRoutes(self._operator, config.webhook_token,
                                       config.slots_per_host or 1)
         self._timeline = JobTimeline(config.timeline_filename, config.timeline_mark_cycles)

@@ -55,7 +55,8 @@ def test_a_lost_driver_resumes_and_takes_every_worker_back(
     assert first.returncode == -signal.SIGKILL
     resumed_at = job.step()[0]
     job.wait_until("steps under the resumed driver",
-                   lambda: job.step()[0] >= resumed_at + 5 and job.status()["round"] >= 1)
+                   lambda: job.step()[0] >= resumed_at + 5
+                   and job.status()["driver_epoch"] == 2)
     stop.touch()
     result = job.finish()
     assert "driver restarted (epoch 2): re-adopted 2 of 2 worker(s)" in result.stderr, \

@@ -1,4 +1,5 @@
-"""--state-dir: the driver keeps its journal while the job runs (issue 27's first part)."""
+"""--state-dir: the driver keeps its journal while the job runs; --resume's refusals (a
+restarted driver taking its workers back: tests/agents/test_driver_resume.py)."""
 
 from __future__ import annotations
 
@@ -52,3 +53,27 @@ def test_a_state_dir_that_cannot_be_written_is_one_line(tmp_path: Path) -> None:
     assert result.error_lines() == [f"elasticrun: error: --state-dir {blocker / 'state'}: "
                                     f"cannot write there: Not a directory"]
     assert "Traceback" not in result.stderr
+
+
+def test_resume_needs_a_state_dir_and_workers_under_agents(tmp_path: Path) -> None:
+    alone = run_job(["-np", "1", "--resume", PYTHON, "-c", "pass"])
+    assert alone.returncode == 2 and alone.error_lines() == [
+        "elasticrun: error: --resume needs --state-dir DIR: the directory of the journal the "
+        "job's first driver kept"]
+    local = run_job(["-np", "1", "--resume", "--state-dir", str(tmp_path / "s"), PYTHON, "-c",
+                     "pass"])
+    assert local.returncode == 2 and local.error_lines() == [
+        "elasticrun: error: --resume takes back workers that run under elasticrun agents "
+        "(--launcher agent); the local, ssh and slurm launchers' workers end with their "
+        "driver, so there would be nothing to take back"]
+
+
+def test_resume_from_a_directory_with_no_journal_is_one_line(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("agent-token-for-tests-0123456789\n")
+    result = run_job(["--launcher", "agent", "--agent-token-file", str(token), "--port", "1",
+                      "--min-np", "1", "--resume", "--state-dir", str(tmp_path / "empty"),
+                      PYTHON, "-c", "pass"])
+    assert result.returncode == 1 and result.error_lines() == [
+        f"elasticrun: error: cannot resume from {tmp_path / 'empty'}: no valid journal "
+        f"snapshot (journal.json: missing; journal.json.old: missing)"]

@@ -87,6 +87,7 @@ def test_build_status() -> None:
     status = build_status(view())
     assert status == {
         "job_id": "job-1",
+        "driver_epoch": 1,
         "state": "running",
         "uptime_s": 3725.5,
         "round": 3,
@@ -168,6 +169,14 @@ def test_format_status_rank_ranges_no_limit_and_discovery_error() -> None:
         "n1    3      active  0-2",
         "n2    3      active  3,5,6",
     ])
+
+
+def test_format_status_names_a_resumed_drivers_epoch() -> None:
+    status = build_status(replace(view(), epoch=3))
+    assert status["driver_epoch"] == 3
+    assert format_status(status).splitlines()[0] == (
+        "job job-1: running, round 3, world size 7, resets 2/10, up 1h02m05s, driver epoch 3 "
+        "(resumed)")
 
 
 def test_format_status_tolerates_missing_fields() -> None:

@@ -33,6 +33,7 @@ class JobView:
     reset_limit: int | None
     discovery: str
     discovery_error: str | None
+    epoch: int = 1  # the driver's: one more after each --resume
 
 
 def host_states(view: JobView) -> dict[str, str]:
@@ -73,6 +74,7 @@ def build_status(view: JobView) -> dict[str, Any]:
         })
     return {
         "job_id": view.job_id,
+        "driver_epoch": view.epoch,
         "state": view.state,
         "uptime_s": round(view.wall_now - view.started_at, 3),
         "round": view.round,

@@ -29,6 +29,7 @@ class JobOperator:
     watcher: HostWatcher
     telemetry: Telemetry
     post: Callable[[Event], None]
+    epoch: int = 1
 
     def view(self) -> JobView:
         state = self.state
@@ -44,7 +45,8 @@ class JobOperator:
             discovered=state.hosts.discovered, drained=frozenset(state.hosts.drained),
             blacklist=state.hosts.blacklist_snapshot(), np=config.np,
             min_np=config.min_np, max_np=config.max_np, reset_limit=config.reset_limit,
-            discovery=self.watcher.describe(), discovery_error=self.watcher.last_error)
+            discovery=self.watcher.describe(), discovery_error=self.watcher.last_error,
+            epoch=self.epoch)
 
     def status(self) -> dict[str, Any]:
         return build_status(self.view())
