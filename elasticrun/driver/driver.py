@@ -28,12 +28,9 @@ from elasticrun.driver.operate.target import JobOperator
 from elasticrun.driver.operate.telemetry import Telemetry
 from elasticrun.driver.operate.timeline import JobTimeline
 from elasticrun.driver.processes.output import OutputRouter
-from elasticrun.driver.processes.placement import Placement
-from elasticrun.driver.processes.pool import PoolSettings, WorkerPool
-from elasticrun.driver.processes.records import EnvSettings, new_worker_id
+from elasticrun.driver.processes.records import new_worker_id
 from elasticrun.driver.queue import EventQueue
 from elasticrun.driver.rounds import events as ev
-from elasticrun.driver.rounds import resume
 from elasticrun.driver.rounds.machine import RoundMachine
 from elasticrun.driver.server.app import WorkerServer
 from elasticrun.driver.server.listen import (
@@ -42,10 +39,9 @@ from elasticrun.driver.server.listen import (
     listen_addresses,
     wildcard_warning,
 )
-from elasticrun.errors import ConfigError, ElasticrunError, JobFailedError, SpawnError
+from elasticrun.driver.workforce import Workforce
+from elasticrun.errors import ConfigError, ElasticrunError, JobFailedError
 from elasticrun.job_config import JobParts
-from elasticrun.launch.agent_process import AgentProcess
-from elasticrun.launch.base import launcher_env
 
 log = logging.getLogger("elasticrun.driver")
 
@@ -74,7 +70,6 @@ class Driver:
             self._epoch = self._resumed.job.epoch + 1
         self._telemetry = Telemetry.for_config(config, self.job_id)
         self._launcher = parts.launcher
-        self._placement = Placement(config, parts.launcher)
         self._extra_env = dict(extra_env or {})
         self._watcher = HostWatcher(parts.discovery, config.discovery_interval,
                                     self._telemetry.discovery_polled)
@@ -83,7 +78,8 @@ class Driver:
             self._agents.job_id = self.job_id
             self._agents.on_change = lambda: self._watcher.wake(poll=True)
             self._agents.on_drain = lambda host: self.post(ev.HostsDrained((host,)))
-            self._agents.adopt = self._adopt
+            self._agents.adopt = lambda host, worker, process: self._workers.adopt(
+                host, worker, process)
         self._operator = JobOperator(self.job_id, time.time(), config, self.machine.state,
                                      self._watcher, self._telemetry, self.post, self._epoch)
         self._routes = OperatorRoutes(self._operator, config.webhook_token,
@@ -93,12 +89,11 @@ class Driver:
                                     self._timeline, self._epoch, self._superseded)
         self.results = self._server.results  # elasticrun.run: the function out, results in
         self._failures = FailureLog(self._telemetry)
-        self._pool: WorkerPool | None = None
+        self._workers = Workforce(config, parts.launcher, output, self._server, self.machine,
+                                  self.post)
         self._journal: JournalWriter | None = None  # --state-dir
         self._events = EventQueue(self._handle, self._act)
-        self._stopping = False
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._master: tuple[Any, tuple[str, int]] | None = None
 
     # --- lifecycle ----------------------------------------------------------------------
     async def run(self) -> int:
@@ -128,9 +123,10 @@ class Driver:
         config = self._config
         hosts = await self._watcher.first_poll()
         self._timeline.start()
-        self._placement.set_hosts(list(hosts))
-        all_local = self._placement.all_local
-        dialed = [dial_address(config.bind, self._placement.address_for(host))
+        placement = self._workers.placement
+        placement.set_hosts(list(hosts))
+        all_local = placement.all_local
+        dialed = [dial_address(config.bind, placement.address_for(host))
                   for host in ["localhost", *hosts]]
         addresses = listen_addresses(config.bind, all_local, dialed)
         routes = self._routes.routes() + (self._agents.routes() if self._agents else [])
@@ -138,7 +134,7 @@ class Driver:
         if self._resumed is not None:  # the same port, and the new epoch on disk first
             port = self._resumed.job.port
             self._journal = await self._open_journal(port)
-            self._make_pool(dialed[0], port, all_local)
+            self._open_pool(dialed[0], port, all_local)
         try:
             port = await self._server.start(addresses, port, routes)
         except OSError as exc:
@@ -156,8 +152,8 @@ class Driver:
         if self._journal is not None:
             self._run_task(self._journal.heartbeat())
         self._telemetry.job_started(config, hosts, self._watcher.describe())
-        if self._pool is None:
-            self._make_pool(dialed[0], port, all_local)
+        if self._workers.pool is None:
+            self._open_pool(dialed[0], port, all_local)
         if self._resumed is not None:
             self.post(ev.JobResumed(self._epoch, config.start_timeout))
             self.post(ev.HostsFound(hosts))
@@ -175,20 +171,9 @@ class Driver:
                  self._epoch)
         return journal
 
-    def _make_pool(self, address: str, port: int, all_local: bool) -> None:
-        config = self._config
-        env = EnvSettings(
-            rendezvous_addr=address, rendezvous_port=port, secret=self._secret,
-            collective_timeout=config.collective_timeout,
-            round_timeout=config.start_timeout + config.elastic_timeout,
-            driver_timeout=config.driver_timeout, backend=config.backend, elastic=config.elastic,
-            hang_detection=config.hang_detection,
-            gloo_interface=config.network_interface or ("lo" if all_local else None))
-        settings = PoolSettings(config.command, config.working_dir, config.stop_grace_period,
-                                env, launcher_env(),
-                                {**self._timeline.worker_env(), **self._extra_env})
-        self._pool = WorkerPool(settings, self._launcher, self._dial_address, self._output,
-                                self._exited, self._rank_of)
+    def _open_pool(self, address: str, port: int, all_local: bool) -> None:
+        self._workers.open(self._secret, address, port, all_local,
+                           {**self._timeline.worker_env(), **self._extra_env})
 
     def _handle(self, event: ev.Event, now: float) -> list[ev.Action]:
         actions = self.machine.handle(event, now)
@@ -197,13 +182,14 @@ class Driver:
         return actions
 
     async def _shutdown(self) -> None:
-        self._stopping = True
+        self._workers.stopping = True
         self._events.close()
         for task in list(self._tasks):
             task.cancel()
         superseded = self._superseded_by > 0  # the job is another driver's: leave it be
-        if self._pool is not None and not superseded:
-            await self._pool.stop_all()
+        pool = self._workers.pool
+        if pool is not None and not superseded:
+            await pool.stop_all()
         await self._launcher.close()
         if self._agents is not None and not superseded:
             await self._agents.close(self._exit_code)
@@ -262,14 +248,15 @@ class Driver:
         if self._server.carry_out(action):
             return
         if isinstance(action, ev.Spawn):
-            self._run_task(self._spawn(action))
+            self._run_task(self._workers.spawn(action))
         elif isinstance(action, ev.StopWorkers):
-            if self._pool is not None:
-                self._pool.stop(action.workers, kill=action.kill)
+            if self._workers.pool is not None:
+                self._workers.pool.stop(action.workers, kill=action.kill)
         elif isinstance(action, ev.InspectWorkers):
-            self._run_task(self._inspect(action))
+            self._run_task(self._workers.inspect(action))
         elif isinstance(action, ev.RecordFailure):
-            tail = self._pool.stderr_tail(action.worker) if self._pool is not None else []
+            pool = self._workers.pool
+            tail = pool.stderr_tail(action.worker) if pool is not None else []
             self._failures.worker_failed(action.cause, host=action.host, kind=action.kind,
                                          rank=action.rank, exit_code=action.exit_code,
                                          stderr_tail=tail)
@@ -282,40 +269,7 @@ class Driver:
         elif isinstance(action, ev.Fail):
             self._end(JobFailedError(action.message + self._failures.suffix()))
 
-    # --- workers ----------------------------------------------------------------------------
-    async def _spawn(self, action: ev.Spawn) -> None:
-        assert self._pool is not None
-        if self._master is None or self._master[0] is not action.assignment:
-            # One MASTER_ADDR/PORT per round: torchrun-style scripts of a round must agree.
-            self._master = (action.assignment,
-                            self._placement.master_endpoint(action.assignment))
-        master = self._master[1]
-        try:
-            await self._pool.spawn(action.worker, action.slot, action.assignment[action.slot],
-                                   master)
-        except SpawnError as exc:
-            self.post(ev.SpawnFailed(action.worker, str(exc)))
-            return
-        if self._stopping:
-            self._pool.stop([action.worker])
-        else:
-            self.post(ev.WorkerStarted(action.worker))
-
-    async def _inspect(self, action: ev.InspectWorkers) -> None:
-        assert self._pool is not None
-        views = await self._pool.inspect(action.workers)
-        self.post(ev.ProcessesInspected(action.round, tuple(views.items())))
-
-    def _adopt(self, host: str, worker_id: str, process: AgentProcess) -> bool:
-        """An agent that came back to this resumed driver runs `worker_id`: it is taken back
-        if the journal kept it there."""
-        state = self.machine.state
-        if self._pool is None or not resume.takes_back(state, worker_id, host):
-            return False
-        self._pool.adopt(worker_id, state.workers[worker_id].slot, process)
-        self.post(ev.WorkerBack(worker_id))
-        return True
-
+    # --- fencing -----------------------------------------------------------------------
     def _superseded(self, epoch: int) -> None:
         """A worker named a newer driver's epoch: this one was replaced (it was stopped, or
         cut off, while another resumed the job). It leaves without touching the job."""
@@ -325,22 +279,3 @@ class Driver:
         self._end(JobFailedError(f"driver epoch {self._epoch} was superseded by epoch "
                                  f"{epoch} (a resumed driver took the job over); this one "
                                  f"exits and leaves the job to it"))
-
-    def _exited(self, worker_id: str, code: int) -> None:
-        self.post(ev.WorkerExited(worker_id, code))
-
-    def _rank_of(self, worker_id: str) -> int:
-        worker = self.machine.state.workers.get(worker_id)
-        return worker.rank if worker is not None else -1
-
-    async def _dial_address(self, host: str) -> str:
-        """The driver's address for workers on `host`, listened on before they dial it."""
-        address = dial_address(self._config.bind, self._placement.address_for(host))
-        if not covered(self._server.listening, address):
-            try:
-                await self._server.listen(address)
-            except OSError as exc:
-                raise SpawnError(f"the driver cannot listen on {address} (the address host "
-                                 f"{host} reaches it at): {exc.strerror or exc}") from None
-            log.info("the driver now also listens on %s (for host %s)", address, host)
-        return address
