@@ -19,6 +19,7 @@ from elasticrun.discovery.plugins import DiscoveryOptions, load_discovery, parse
 from elasticrun.errors import ConfigError
 from elasticrun.launch.agent_hub import AgentHub
 from elasticrun.launch.base import Launcher
+from elasticrun.launch.local_agents import job_agent_token
 from elasticrun.launch.plugins import DEFAULT as DEFAULT_LAUNCHER
 from elasticrun.launch.plugins import launcher_name, load_launcher
 from elasticrun.tokens import MIN_TOKEN_LENGTH, read_secret
@@ -26,6 +27,9 @@ from elasticrun.tokens import MIN_TOKEN_LENGTH, read_secret
 # A launcher given without a host source brings its own: agents are found by connecting,
 # a Slurm job's hosts are its allocation's nodes.
 IMPLIED_DISCOVERY = {"agent": "agents", "slurm": "slurm"}
+# With --state-dir, these run this machine's workers under agents of the job's own, so that
+# the workers outlive a lost driver.
+LOCAL_AGENT_LAUNCHERS = ("local", "auto")
 
 
 def build_config(
@@ -150,10 +154,11 @@ def build_config(
         launcher=launcher,
         agent_token=agent_token,
     )
-    if resume and launcher_target not in AGENT_LAUNCHERS:
-        raise ConfigError("--resume takes back workers that run under elasticrun agents "
-                          "(--launcher agent); the local, ssh and slurm launchers' workers "
-                          "end with their driver, so there would be nothing to take back")
+    if resume and launcher_target not in (*AGENT_LAUNCHERS, *LOCAL_AGENT_LAUNCHERS):
+        raise ConfigError(f"--resume takes back workers that outlive their driver: local "
+                          f"ones (--launcher local or auto) and those under elasticrun "
+                          f"agents; --launcher {launcher_target}'s workers end with it, so "
+                          f"there would be nothing to take back")
     if config.uses_agents and not config.bind:
         # Agents connect from wherever they run (every request is authenticated).
         config = replace(config, bind=("0.0.0.0",))
@@ -188,6 +193,10 @@ class JobParts:
 def build_parts(config: DriverConfig) -> JobParts:
     agents = AgentHub(config.agent_token) if config.uses_agents and config.agent_token \
         else None
+    if agents is None and config.state_dir is not None \
+            and launcher_name(config.launcher) in LOCAL_AGENT_LAUNCHERS:
+        # this machine's workers run under agents of the job's own (launch/local_agents.py)
+        agents = AgentHub(job_agent_token(config.state_dir), own=True)
     return JobParts(build_discovery(config, agents),
                     load_launcher(config.launcher, config, agents), agents)
 

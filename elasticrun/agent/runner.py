@@ -65,6 +65,7 @@ class Agent:
         self._workers = AgentWorkers(settings.token, settings.working_dir, self._outbox.put)
         self._last_heard = time.monotonic()
         self._draining = False
+        self._ending: asyncio.Task[None] | None = None  # the job is over: its workers stop
         self._result: asyncio.Future[int] = asyncio.get_running_loop().create_future()
 
     # --- the whole life -----------------------------------------------------------------------
@@ -157,6 +158,9 @@ class Agent:
             if self._drained():
                 self._finish(0)  # the driver hung up after the bye
                 return
+            if self._ending is not None:  # the driver hung up after the job's end
+                await asyncio.shield(self._result)
+                return
             log.warning("the connection to the driver closed; reconnecting (for up to %gs)",
                         self.settings.driver_grace)
             self._check_grace("its connection closed")
@@ -246,10 +250,12 @@ class Agent:
         elif isinstance(message, wire.Inspect):
             view = await self._workers.inspect(message.worker)
             self._outbox.put(wire.Inspected(message.worker, view.state.value, view.detail))
-        elif isinstance(message, wire.End):
+        elif isinstance(message, wire.End) and not self._ending:
             log.info("the job is over (exit code %d): stopping %d worker(s)", message.code,
                      len(self._workers))
-            await self._stop_and_finish(0)
+            # Not awaited here: the driver hangs up meanwhile, and the end of this connection
+            # must not cut the stop short (and leave the agent reconnecting to no driver).
+            self._ending = asyncio.get_running_loop().create_task(self._stop_and_finish(0))
 
     async def _ping(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         while True:

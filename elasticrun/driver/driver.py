@@ -140,6 +140,9 @@ class Driver:
         except OSError as exc:
             raise ConfigError(f"cannot listen on {', '.join(addresses)} port "
                               f"{port}: {exc.strerror or exc}") from None
+        serving = getattr(self._launcher, "serving", None)
+        if serving is not None:  # local agents dial this port
+            serving(port)
         if config.uses_agents:
             log.info("agents connect at http://%s:%d", ",".join(addresses), port)
         elif (warning := wildcard_warning(addresses, port)) is not None:
@@ -190,9 +193,10 @@ class Driver:
         pool = self._workers.pool
         if pool is not None and not superseded:
             await pool.stop_all()
-        await self._launcher.close()
         if self._agents is not None and not superseded:
             await self._agents.close(self._exit_code)
+        if not superseded:  # (its local agents, its SSH connections are the job's now)
+            await self._launcher.close()
         if self._tasks:
             # Bounded: a task that ignored its cancellation must not keep the launcher alive.
             _, stuck = await asyncio.wait(list(self._tasks), timeout=TASKS_STOP_S)

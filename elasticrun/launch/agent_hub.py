@@ -60,8 +60,11 @@ class AgentLink:
 
 
 class AgentHub:
-    def __init__(self, token: str) -> None:
+    def __init__(self, token: str, own: bool = False) -> None:
+        """`own`: the agents are the job's own (launch/local_agents.py), not the user's:
+        their comings and goings are logged at debug level."""
         self.token = token
+        self._level = logging.DEBUG if own else logging.INFO
         self.job_id = ""  # the driver's, for the agents' logs
         self._guard = protocol.SignatureGuard(token)
         self._links: dict[str, AgentLink] = {}
@@ -167,12 +170,13 @@ class AgentHub:
             self._drain(link)  # before the host is seen: nothing starts there any more
         await link.send(wire.Welcome(self.job_id, tuple(unknown)))
         if old is not None:
-            log.info("agent for host %s reconnected from %s", hello.host, link.remote)
+            log.log(self._level, "agent for host %s reconnected from %s", hello.host,
+                    link.remote)
             with contextlib.suppress(Exception):
                 await within(old.ws.close(), 1.0)
         else:
-            log.info("agent joined: host %s with %d slot(s), from %s", hello.host,
-                     hello.slots, link.remote)
+            log.log(self._level, "agent joined: host %s with %d slot(s), from %s", hello.host,
+                    hello.slots, link.remote)
             self.on_change()
         return link
 

@@ -4,18 +4,28 @@ subprocesses, every other host is reached over SSH."""
 from __future__ import annotations
 
 from elasticrun.config import DriverConfig
-from elasticrun.launch.base import WorkerProcess, WorkerSpec, is_local_host, local_names
+from elasticrun.launch.base import Launcher, WorkerProcess, WorkerSpec, is_local_host, local_names
 from elasticrun.launch.local import LocalLauncher
+from elasticrun.launch.local_agents import local_launcher
 from elasticrun.launch.plugins import LaunchOptions, no_arg
 from elasticrun.launch.ssh import SSHLauncher, SSHSettings
 
 
 class AutoLauncher:
-    def __init__(self, config: DriverConfig) -> None:
+    def __init__(self, config: DriverConfig, local: Launcher | None = None) -> None:
         self._config = config
         self._local_names = local_names()
-        self._local = LocalLauncher()
+        self._local = local or LocalLauncher()
         self._ssh: SSHLauncher | None = None
+
+    def serving(self, port: int) -> None:
+        serving = getattr(self._local, "serving", None)
+        if serving is not None:
+            serving(port)
+
+    def driver_address(self, host: str) -> str | None:
+        address = getattr(self._local, "driver_address", None)
+        return address(host) if address is not None else None
 
     async def start(self, spec: WorkerSpec) -> WorkerProcess:
         if is_local_host(spec.host, self._local_names):
@@ -34,4 +44,4 @@ class AutoLauncher:
 
 def plugin(options: LaunchOptions) -> AutoLauncher:
     no_arg(options, "auto")
-    return AutoLauncher(options.config)
+    return AutoLauncher(options.config, local_launcher(options))

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from elasticrun.errors import SpawnError
-from elasticrun.launch.base import WorkerSpec
+from elasticrun.launch.base import Launcher, WorkerSpec
 from elasticrun.launch.forked import ForkedProcess, Forker
 from elasticrun.launch.plugins import LaunchOptions, no_arg
 from elasticrun.process_view import ProcessState, ProcessView, read_process_view
@@ -125,6 +125,7 @@ class LocalLauncher:
         await self._forker.close()
 
 
-def plugin(options: LaunchOptions) -> LocalLauncher:
+def plugin(options: LaunchOptions) -> Launcher:
     no_arg(options, "local")
-    return LocalLauncher()
+    from elasticrun.launch.local_agents import local_launcher  # it builds on this module
+    return local_launcher(options)

@@ -55,17 +55,17 @@ def test_a_state_dir_that_cannot_be_written_is_one_line(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
-def test_resume_needs_a_state_dir_and_workers_under_agents(tmp_path: Path) -> None:
+def test_resume_needs_a_state_dir_and_workers_that_outlive_their_driver(tmp_path: Path) -> None:
     alone = run_job(["-np", "1", "--resume", PYTHON, "-c", "pass"])
     assert alone.returncode == 2 and alone.error_lines() == [
         "elasticrun: error: --resume needs --state-dir DIR: the directory of the journal the "
         "job's first driver kept"]
-    local = run_job(["-np", "1", "--resume", "--state-dir", str(tmp_path / "s"), PYTHON, "-c",
-                     "pass"])
-    assert local.returncode == 2 and local.error_lines() == [
-        "elasticrun: error: --resume takes back workers that run under elasticrun agents "
-        "(--launcher agent); the local, ssh and slurm launchers' workers end with their "
-        "driver, so there would be nothing to take back"]
+    ssh = run_job(["-np", "1", "--launcher", "ssh", "-H", "node1:1", "--resume",
+                   "--state-dir", str(tmp_path / "s"), PYTHON, "-c", "pass"])
+    assert ssh.returncode == 2 and ssh.error_lines() == [
+        "elasticrun: error: --resume takes back workers that outlive their driver: local ones "
+        "(--launcher local or auto) and those under elasticrun agents; --launcher ssh's "
+        "workers end with it, so there would be nothing to take back"]
 
 
 def test_resume_from_a_directory_with_no_journal_is_one_line(tmp_path: Path) -> None:

@@ -1,0 +1,112 @@
+"""Local workers outlive a killed driver when the job keeps a journal (--state-dir): they
+run under agents of the job's own, and a driver resumed with --resume takes them back.
+A clean stop (SIGTERM, the job's end) still stops every one of them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.agents.harness import train_env
+from tests.integration.harness import (
+    PYTHON,
+    REPO,
+    SCRIPTS,
+    assert_no_orphans,
+    is_zombie,
+    job_env,
+    read_records,
+    tagged_pids,
+)
+from tests.integration.progress import check_job, read_progress
+
+
+class LocalJob:
+    def __init__(self, tmp: Path) -> None:
+        self.stop = tmp / "stop"
+        self.logs = tmp / "logs"
+        self.progress = tmp / "progress"
+        self.env, self.tag = job_env(train_env(self.logs, self.progress, epochs=100_000,
+                                               sleep=0.05, stop_file=self.stop))
+        self.args = ["-H", "localhost:2,127.0.0.1:2", "--start-timeout", "60",
+                     "--state-dir", str(tmp / "state"), PYTHON,
+                     str(SCRIPTS / "elastic_train.py")]
+        self.drivers: list[subprocess.Popen[str]] = []
+
+    def driver(self, *extra: str) -> subprocess.Popen[str]:
+        proc = subprocess.Popen([PYTHON, "-m", "elasticrun", *extra, *self.args], env=self.env,
+                                cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        self.drivers.append(proc)
+        return proc
+
+    def step(self) -> int:
+        return read_progress(self.progress)[0]
+
+    def wait_steps(self, after: int, steps: int, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while self.step() < after + steps:
+            assert time.monotonic() < deadline, f"no {steps} steps after step {after}"
+            time.sleep(0.05)
+
+    def workers(self) -> list[int]:
+        logged = {r["pid"] for r in read_records(self.logs)}
+        return sorted(p for p in tagged_pids(self.tag) if p in logged and not is_zombie(p))
+
+    def kill_all(self) -> None:
+        for proc in self.drivers:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        for pid in tagged_pids(self.tag):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@pytest.fixture
+def job(tmp_path: Path) -> Iterator[LocalJob]:
+    local = LocalJob(tmp_path)
+    yield local
+    local.kill_all()
+
+
+def test_local_workers_outlive_a_killed_driver_and_are_taken_back(job: LocalJob) -> None:
+    first = job.driver()
+    job.wait_steps(0, 3)
+    pids = job.workers()
+    assert len(pids) == 4
+    first.kill()  # SIGKILL: no chance to stop anyone
+    first.communicate()
+    job.wait_steps(job.step(), 5)  # the workers train on without a driver
+    assert job.workers() == pids
+    second = job.driver("--resume")
+    job.wait_steps(job.step(), 5)
+    job.stop.touch()
+    out, err = second.communicate(timeout=120)
+    assert second.returncode == 0, err[-3000:]
+    assert "driver restarted (epoch 2): re-adopted 4 of 4 worker(s)" in err, err[-3000:]
+    records = list(read_records(job.logs))
+    views = check_job(records, samples=64, epochs=None)
+    assert [v.size for v in views] == [4], "a round was lost"
+    assert not [r for r in records if r["event"] == "restore"]
+    assert sorted(views[0].ranks_by_pid) == pids  # the same processes throughout
+    assert_no_orphans(job.tag, within=15)
+
+
+def test_sigterm_still_stops_every_local_worker(job: LocalJob) -> None:
+    """Only an unclean loss leaves the workers running: a SIGTERM (or Ctrl-C) to the driver
+    stops the whole job, its own agents included."""
+    driver = job.driver()
+    job.wait_steps(0, 3)
+    driver.send_signal(signal.SIGTERM)
+    _, err = driver.communicate(timeout=60)
+    assert driver.returncode == 143, err[-3000:]
+    assert_no_orphans(job.tag, within=15)
