@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import sys
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from elasticrun.agent.cli import agent_command
 from elasticrun.config import BACKENDS
 from elasticrun.config_file import config_file_callback
 from elasticrun.driver.driver import Driver
+from elasticrun.driver.journal import command_line
 from elasticrun.driver.processes.output import OutputRouter
 from elasticrun.errors import ConfigError, DiscoveryError, ElasticrunError
 from elasticrun.job_config import build_config, build_parts
@@ -99,9 +101,11 @@ def _positive(_ctx: click.Context, param: click.Parameter, value: float | None) 
               help="What carries CUDA tensors: nccl, gloo (through host memory), or auto "
                    "(NCCL where every worker has a GPU and torch has NCCL). CPU tensors "
                    "always travel on Gloo.")
-@click.option("--driver-timeout", type=float, default=30.0, show_default=True,
-              callback=_positive, help="Seconds a worker goes on without reaching the driver "
-                                       "before it decides the driver is gone and stops.")
+@click.option("--driver-grace", "--driver-timeout", "driver_timeout", type=float,
+              default=300.0, show_default=True, callback=_positive,
+              help="Seconds workers (and the job's own agents) train on while the driver is "
+                   "unreachable: within it a resumed driver (--resume) takes them back; past "
+                   "it they stop. (--driver-timeout: the same, its older name.)")
 @click.option("-p", "--ssh-port", "ssh_port", type=click.IntRange(1, 65535),
               help="SSH port of remote hosts [default: from ~/.ssh/config, else 22].")
 @click.option("-i", "--ssh-identity-file", "ssh_identity_file",
@@ -180,6 +184,9 @@ def cli(**options: object) -> None:
                 "timeline_mark_cycles": bool(options.pop("timeline_mark_cycles", False))}
     config = build_config(**options)  # type: ignore[arg-type]
     config = dataclasses.replace(config, **timeline)  # type: ignore[arg-type]
+    if config.state_dir is not None and not config.resume:
+        command_line.record(config.state_dir, click.get_current_context().obj or [],
+                            Path.cwd())
     parts = build_parts(config)
     raise_open_file_limit()
     output = OutputRouter(sys.stdout.buffer, sys.stderr.buffer, config.output_filename,
@@ -203,7 +210,10 @@ def main(argv: list[str] | None = None) -> None:
             agent_command.main(args=args[1:], prog_name="elasticrun agent",
                                standalone_mode=False)
             return
-        cli.main(args=args, prog_name="elasticrun", standalone_mode=False)
+        if (kept := command_line.short_resume(args)) is not None:
+            args, cwd = command_line.recall(kept)  # the job as it started, from where
+            os.chdir(cwd)
+        cli.main(args=args, prog_name="elasticrun", standalone_mode=False, obj=args)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.ClickException as exc:

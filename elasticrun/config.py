@@ -35,7 +35,7 @@ class DriverConfig:
     blacklist_cooldown: tuple[float, float] | None = None
     collective_timeout: float = 60.0
     backend: str = "auto"  # for CUDA tensors: auto, gloo or nccl (the workers choose)
-    driver_timeout: float = 30.0  # a worker that cannot reach the driver this long stops
+    driver_timeout: float = 300.0  # --driver-grace: workers outlive a silent driver this long
     hang_detection: bool = True  # stalled collectives make the driver look for a hung member
     hang_timeout: float = 5.0  # a silent member whose host cannot say what it does
     stuck_timeout: float = 30.0  # a training thread outside collectives, idle, peers waiting

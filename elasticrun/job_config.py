@@ -64,7 +64,7 @@ def build_config(
     resume: bool = False,
     webhook_token_file: Path | None = None,
     event_secret_file: Path | None = None,
-    driver_timeout: float = 30.0,
+    driver_timeout: float = 300.0,
     hang_detection: bool = True,
     hang_timeout: float = 5.0,
     stuck_timeout: float = 30.0,

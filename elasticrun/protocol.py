@@ -47,7 +47,7 @@ ENV_CUDA_DEVICE = "ELASTICRUN_CUDA_DEVICE"
 # --timeline-filename: record from init() on ("1"), with a CYCLE mark per optimizer step.
 ENV_TIMELINE = "ELASTICRUN_TIMELINE"
 ENV_TIMELINE_MARK_CYCLES = "ELASTICRUN_TIMELINE_MARK_CYCLES"
-DEFAULT_DRIVER_TIMEOUT_S = 30.0
+DEFAULT_DRIVER_TIMEOUT_S = 300.0  # --driver-grace
 # The operator's secrets: read by the driver, never passed on to workers.
 ENV_WEBHOOK_TOKEN = "ELASTICRUN_WEBHOOK_TOKEN"
 ENV_EVENT_SECRET = "ELASTICRUN_EVENT_SECRET"

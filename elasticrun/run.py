@@ -54,7 +54,7 @@ def run(
     reset_limit: int | None = None,
     blacklist_cooldown_range: tuple[float, float] | None = None,
     collective_timeout: float = 60.0,
-    driver_timeout: float = 30.0,
+    driver_timeout: float = 300.0,
     hang_detection: bool = True,
     hang_timeout: float = 5.0,
     stuck_timeout: float = 30.0,

@@ -35,7 +35,7 @@ def _positive(_ctx: click.Context, _param: click.Parameter, value: float) -> flo
               show_default=True, help="Workers this host runs (e.g. its GPUs).")
 @click.option("--host", "host", metavar="NAME",
               help="This host's name in the job [default: this machine's host name].")
-@click.option("--driver-grace", type=float, default=30.0, show_default=True,
+@click.option("--driver-grace", type=float, default=300.0, show_default=True,
               callback=_positive, help="Seconds the driver may be unreachable before the "
                                        "agent stops its workers and exits 1.")
 @click.option("--drain-timeout", type=float, default=600.0, show_default=True,

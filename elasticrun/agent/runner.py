@@ -42,7 +42,7 @@ class AgentSettings:
     token: str
     host: str
     slots: int
-    driver_grace: float = 30.0
+    driver_grace: float = 300.0
     stop_grace: float = 5.0
     drain_timeout: float = 600.0
     working_dir: Path | None = None

@@ -34,14 +34,25 @@ class LocalJob:
         self.progress = tmp / "progress"
         self.env, self.tag = job_env(train_env(self.logs, self.progress, epochs=100_000,
                                                sleep=0.05, stop_file=self.stop))
+        self.state = tmp / "state"
         self.args = ["-H", "localhost:2,127.0.0.1:2", "--start-timeout", "60",
-                     "--state-dir", str(tmp / "state"), PYTHON,
+                     "--state-dir", str(self.state), PYTHON,
                      str(SCRIPTS / "elastic_train.py")]
         self.drivers: list[subprocess.Popen[str]] = []
 
     def driver(self, *extra: str) -> subprocess.Popen[str]:
         proc = subprocess.Popen([PYTHON, "-m", "elasticrun", *extra, *self.args], env=self.env,
                                 cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        self.drivers.append(proc)
+        return proc
+
+    def short_resume(self) -> subprocess.Popen[str]:
+        """`elasticrun --resume --state-dir DIR`, from elsewhere: the job's command line and
+        directory come from DIR."""
+        proc = subprocess.Popen([PYTHON, "-m", "elasticrun", "--resume", "--state-dir",
+                                 str(self.state)], env=self.env, cwd="/",
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
         self.drivers.append(proc)
         return proc
@@ -87,7 +98,7 @@ def test_local_workers_outlive_a_killed_driver_and_are_taken_back(job: LocalJob)
     first.communicate()
     job.wait_steps(job.step(), 5)  # the workers train on without a driver
     assert job.workers() == pids
-    second = job.driver("--resume")
+    second = job.short_resume()  # `elasticrun --resume --state-dir DIR` alone
     job.wait_steps(job.step(), 5)
     job.stop.touch()
     out, err = second.communicate(timeout=120)
@@ -110,3 +121,14 @@ def test_sigterm_still_stops_every_local_worker(job: LocalJob) -> None:
     _, err = driver.communicate(timeout=60)
     assert driver.returncode == 143, err[-3000:]
     assert_no_orphans(job.tag, within=15)
+
+
+def test_resume_alone_needs_the_jobs_command_line(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = subprocess.run([PYTHON, "-m", "elasticrun", "--resume", "--state-dir", str(empty)],
+                            capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        f"elasticrun: error: --resume --state-dir {empty}: no job's command line there "
+        f"(command.json is missing); give the job's whole command line with --resume"]

@@ -1,0 +1,62 @@
+"""The job's command line, kept beside its journal: `elasticrun --resume --state-dir DIR`
+alone resumes the job with the arguments it started with, from the directory it started in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from elasticrun.errors import ConfigError
+
+FILE = "command.json"
+
+
+def record(directory: Path, argv: Sequence[str], cwd: Path) -> None:
+    """Keeps `argv` (the job's elasticrun arguments, --resume left out) and `cwd` in
+    `directory` (0600: it may name paths, never a secret: those live in files and the
+    environment)."""
+    kept = [arg for arg in argv if arg != "--resume"]
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        descriptor = os.open(directory / FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "w") as handle:
+            json.dump({"argv": kept, "cwd": str(cwd)}, handle)
+    except OSError as exc:
+        raise ConfigError(f"--state-dir {directory}: cannot write there: "
+                          f"{exc.strerror or exc}") from None
+
+
+def short_resume(argv: Sequence[str]) -> Path | None:
+    """The state directory of `elasticrun --resume --state-dir DIR` given alone (nothing
+    else), else None."""
+    args = list(argv)
+    if "--resume" not in args:
+        return None
+    args.remove("--resume")
+    if len(args) == 2 and args[0] == "--state-dir":
+        return Path(args[1])
+    if len(args) == 1 and args[0].startswith("--state-dir="):
+        return Path(args[0].split("=", 1)[1])
+    return None
+
+
+def recall(directory: Path) -> tuple[list[str], Path]:
+    """The arguments (with --resume) and the directory the job kept started with; a missing
+    or unreadable record is one line (ConfigError)."""
+    path = directory / FILE
+    try:
+        kept = json.loads(path.read_text())
+        argv = [str(arg) for arg in kept["argv"]]
+        cwd = Path(str(kept["cwd"]))
+    except FileNotFoundError:
+        raise ConfigError(f"--resume --state-dir {directory}: no job's command line there "
+                          f"({FILE} is missing); give the job's whole command line with "
+                          f"--resume") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"--resume --state-dir {directory}: {FILE} is unreadable "
+                          f"({type(exc).__name__}); give the job's whole command line with "
+                          f"--resume") from None
+    return ["--resume", *argv], cwd
