@@ -34,6 +34,7 @@ from tests.integration.progress import read_progress
 
 TOKEN = "agent-token-for-tests-0123456789"
 TRAIN = [PYTHON, str(SCRIPTS / "elastic_train.py")]
+COMMON = ["--start-timeout", "60", "--discovery-interval", "0.2"]
 
 
 def free_port() -> int:
@@ -155,14 +156,7 @@ class AgentJob:
 
     def kill_all(self) -> None:
         """Whatever is left of the job: driver, agents, workers."""
-        for proc in [self.proc, *self.agents.values()]:
-            if proc.poll() is None:
-                proc.kill()
-        for pid in tagged_pids(self.tag):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_job([self.proc, *self.agents.values()], self.tag)
 
     def close(self, within: float = 10.0) -> None:
         """Ends the test: every agent has exited, nothing of the job is left."""
@@ -172,3 +166,15 @@ class AgentJob:
             assert_no_orphans(self.tag, within=within)
         finally:
             self.kill_all()
+
+
+def kill_job(procs: Sequence[subprocess.Popen[Any]], tag: str) -> None:
+    """Whatever is left of a job: the processes a test started, then every tagged one."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+    for pid in tagged_pids(tag):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

@@ -8,24 +8,11 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
-from tests.agents.harness import TRAIN, AgentJob, train_env
+from tests.agents.harness import COMMON, TRAIN, AgentJob, train_env
 from tests.integration.harness import PYTHON, SCRIPTS
 from tests.integration.progress import check_job
-
-COMMON = ["--start-timeout", "60", "--discovery-interval", "0.2"]
-
-
-@pytest.fixture
-def jobs() -> Iterator[list[AgentJob]]:
-    started: list[AgentJob] = []
-    yield started
-    for job in started:
-        job.kill_all()
 
 
 def test_agents_join_the_job_grows_and_they_exit_0_at_its_end(

@@ -7,23 +7,29 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.agents.harness import TRAIN, AgentJob, train_env
+from tests.agents.harness import COMMON, TRAIN, AgentJob, train_env
 from tests.integration.progress import check_job
 
-COMMON = ["--start-timeout", "60", "--discovery-interval", "0.2"]
 
-
-@pytest.fixture
-def jobs() -> Iterator[list[AgentJob]]:
-    started: list[AgentJob] = []
-    yield started
-    for job in started:
-        job.kill_all()
+def training(tmp_path: Path, jobs: list[AgentJob], hosts: list[str]
+             ) -> tuple[AgentJob, list[str], Path]:
+    """A job with a journal, one agent per host (1 slot each), trained to step 3 and until
+    the stop file returns: the job, its driver's arguments, the stop file."""
+    stop = tmp_path / "stop"
+    env = train_env(tmp_path / "logs", tmp_path / "progress", epochs=100_000, sleep=0.05,
+                    stop_file=stop)
+    args = ["--min-np", str(len(hosts)), *COMMON, "--state-dir", str(tmp_path / "state"),
+            *TRAIN]
+    job = AgentJob(tmp_path, args, env)
+    jobs.append(job)
+    for host in hosts:
+        job.start_agent(host, 1, extra=["--driver-grace", "60"])
+    job.wait_until("step 3", lambda: job.step()[0] >= 3)
+    return job, args, stop
 
 
 @pytest.mark.parametrize("loss", ["killed", "stopped"])
@@ -31,15 +37,7 @@ def test_a_lost_driver_resumes_and_takes_every_worker_back(
         tmp_path: Path, jobs: list[AgentJob], loss: str) -> None:
     """Killed: SIGKILL, it says goodbye to nobody. Stopped: SIGSTOP, it still holds the port
     and would wake up in a job it no longer owns; the resumed driver fences it first."""
-    stop = tmp_path / "stop"
-    env = train_env(tmp_path / "logs", tmp_path / "progress", epochs=100_000, sleep=0.05,
-                    stop_file=stop)
-    args = ["--min-np", "2", *COMMON, "--state-dir", str(tmp_path / "state"), *TRAIN]
-    job = AgentJob(tmp_path, args, env)
-    jobs.append(job)
-    for host in ("a1", "a2"):
-        job.start_agent(host, 1, extra=["--driver-grace", "60"])
-    job.wait_until("step 3", lambda: job.step()[0] >= 3)
+    job, args, stop = training(tmp_path, jobs, ["a1", "a2"])
     pids = sorted(job.workers_on("a1") + job.workers_on("a2"))
     first = job.proc
     os.kill(first.pid, signal.SIGKILL if loss == "killed" else signal.SIGSTOP)
@@ -78,14 +76,7 @@ def test_resume_is_refused_while_the_jobs_driver_runs(
         tmp_path: Path, jobs: list[AgentJob]) -> None:
     """Two drivers never run one job: a --resume beside a live driver is one line, and the
     job goes on untouched."""
-    stop = tmp_path / "stop"
-    env = train_env(tmp_path / "logs", tmp_path / "progress", epochs=100_000, sleep=0.05,
-                    stop_file=stop)
-    args = ["--min-np", "1", *COMMON, "--state-dir", str(tmp_path / "state"), *TRAIN]
-    job = AgentJob(tmp_path, args, env)
-    jobs.append(job)
-    job.start_agent("a1", 1)
-    job.wait_until("step 3", lambda: job.step()[0] >= 3)
+    job, args, stop = training(tmp_path, jobs, ["a1"])
     second = subprocess.run(
         [*job.proc.args[:-len(args)], "--resume", *args], env=job.env, capture_output=True,
         text=True, timeout=60)

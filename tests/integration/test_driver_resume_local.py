@@ -4,7 +4,6 @@ A clean stop (SIGTERM, the job's end) still stops every one of them."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import time
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.agents.harness import train_env
+from tests.agents.harness import kill_job, train_env
 from tests.integration.harness import (
     PYTHON,
     REPO,
@@ -71,15 +70,9 @@ class LocalJob:
         return sorted(p for p in tagged_pids(self.tag) if p in logged and not is_zombie(p))
 
     def kill_all(self) -> None:
+        kill_job(self.drivers, self.tag)
         for proc in self.drivers:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
-        for pid in tagged_pids(self.tag):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            proc.communicate()
 
 
 @pytest.fixture
