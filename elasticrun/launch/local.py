@@ -17,9 +17,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from elasticrun.errors import SpawnError
-from elasticrun.launch.base import Launcher, WorkerSpec
+from elasticrun.launch.base import WorkerSpec
 from elasticrun.launch.forked import ForkedProcess, Forker
-from elasticrun.launch.plugins import LaunchOptions, no_arg
 from elasticrun.process_view import ProcessState, ProcessView, read_process_view
 from elasticrun.spawning import signal_session, spawn_session, stop_session
 
@@ -124,8 +123,3 @@ class LocalLauncher:
     async def close(self) -> None:
         await self._forker.close()
 
-
-def plugin(options: LaunchOptions) -> Launcher:
-    no_arg(options, "local")
-    from elasticrun.launch.local_agents import local_launcher  # it builds on this module
-    return local_launcher(options)

@@ -23,7 +23,7 @@ from elasticrun.launch.agent_hub import AgentHub
 from elasticrun.launch.agent_process import AgentProcess
 from elasticrun.launch.base import Launcher, WorkerSpec
 from elasticrun.launch.local import LocalLauncher
-from elasticrun.launch.plugins import LaunchOptions
+from elasticrun.launch.plugins import LaunchOptions, no_arg
 from elasticrun.spawning import kill_session, spawn_session
 
 TOKEN_FILE = "agent-token"
@@ -109,3 +109,9 @@ def local_launcher(options: LaunchOptions) -> Launcher:
         return LocalAgents(options.agents, config.state_dir, config.driver_timeout,
                            config.start_timeout)
     return LocalLauncher()
+
+
+def plugin(options: LaunchOptions) -> Launcher:
+    """`--launcher local`."""
+    no_arg(options, "local")
+    return local_launcher(options)
