@@ -16,6 +16,7 @@ from elasticrun.job_config import build_parts
 from elasticrun.launch.agent import AgentLauncher
 from elasticrun.launch.auto import AutoLauncher
 from elasticrun.launch.local import LocalLauncher
+from elasticrun.launch.local_agents import LocalAgents
 from elasticrun.launch.plugins import ENTRY_POINT_GROUP, available, load_launcher
 from elasticrun.launch.slurm import SlurmLauncher, srun_command, step_env
 from elasticrun.launch.ssh import SSHLauncher
@@ -42,8 +43,10 @@ def one_line_error(spec: str, cfg: DriverConfig | None = None) -> str:
 
 def test_builtins_are_registered_as_entry_points() -> None:
     values = {ep.name: ep.value for ep in plugins.entry_points(group=ENTRY_POINT_GROUP)}
+    # "local" chooses between plain subprocesses and, with --state-dir, the job's own agents
+    modules = {**{name: name for name in BUILTINS}, "local": "local_agents"}
     for name in BUILTINS:
-        assert values[name].startswith(f"elasticrun.launch.{name}:"), values[name]
+        assert values[name] == f"elasticrun.launch.{modules[name]}:plugin", values[name]
     assert set(BUILTINS) <= set(available())
 
 
@@ -175,3 +178,26 @@ def test_srun_runs_one_task_on_its_node_and_keeps_the_environment_off_the_comman
     env = step_env(spec)
     assert env["ELASTICRUN_SECRET"] == "s3cret" and env["SLURM_JOB_ID"] == "17"
     assert "SLURM_NTASKS" not in env  # sbatch's task count would contradict --ntasks=1
+
+
+@pytest.mark.parametrize("name", ["local", "auto"])
+async def test_with_a_state_dir_local_workers_run_under_the_jobs_own_agents(
+        name: str, tmp_path: Path) -> None:
+    """So that they outlive a killed driver (--resume takes them back); the agents' token is
+    the job's own, 0600 beside the journal."""
+    parts = build_parts(config(launcher=name, state_dir=tmp_path / "state"))
+    try:
+        assert parts.agents is not None
+        local = parts.launcher if name == "local" else parts.launcher._local  # noqa: SLF001
+        assert isinstance(local, LocalAgents)
+        token = tmp_path / "state" / "agent-token"
+        assert (token.stat().st_mode & 0o777) == 0o600
+        assert parts.agents.token == token.read_text().strip()
+    finally:
+        await parts.launcher.close()
+    again = build_parts(config(launcher=name, state_dir=tmp_path / "state"))
+    assert again.agents is not None and again.agents.token == parts.agents.token  # resumable
+    plain = build_parts(config(launcher=name))
+    assert plain.agents is None
+    assert isinstance(plain.launcher if name == "local" else plain.launcher._local,  # noqa: SLF001
+                      LocalLauncher)
