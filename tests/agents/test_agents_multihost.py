@@ -4,7 +4,8 @@ connects out to the driver; workers talk Gloo across the bridge.
 
 One job grows as agents join, survives a worker's SIGKILL and an agent's SIGKILL in-process;
 another drains a host on its agent's SIGTERM with no rollback, then loses its driver to a
-SIGKILL: the agent left stops its workers within its grace. Nothing is left behind.
+SIGKILL: the agent left stops its workers within its grace; a third loses its driver and
+gets it back (--resume), its workers taken back across the bridge. Nothing is left behind.
 """
 
 from __future__ import annotations
@@ -114,4 +115,41 @@ def test_drain_on_sigterm_then_the_driver_dies_and_the_agents_stop_their_workers
     views = rounds(result.records)  # the job did not finish: rounds, not check_job
     assert [v.size for v in views] == [2, 1]
     assert not result.events("restore"), "the drain rolled back"
+    job.close()
+
+
+def test_a_killed_driver_resumes_and_its_agents_hand_their_workers_back(
+        cluster: Cluster, tmp_path: Path, job_box: list[AgentJob]) -> None:
+    """The driver's host loses it (SIGKILL) while agents on two other hosts train on; the
+    same command line with --resume, on the same host and port, takes every worker back
+    across the bridge: the same processes, no rollback."""
+    stop = tmp_path / "stop"
+    env = train_env(tmp_path / "logs", tmp_path / "progress", epochs=1000, sleep=0.1,
+                    stop_file=stop)
+    args = ["--min-np", "2", "--state-dir", str(tmp_path / "state")]
+    job = new_job(cluster, tmp_path, args, env)
+    job_box.append(job)
+    for host in (H1, H2):
+        job.start_agent(host, 1, ns=cluster.host(host).ns, extra=["--driver-grace", "60"])
+    job.wait_until("step 3 at size 2", lambda: job.step() >= (3, 2))
+    pids = sorted(job.workers_on(H1) + job.workers_on(H2))
+    first = job.proc
+    first.kill()
+    first.communicate()
+    lost_at = job.step()[0]
+    deadline = time.monotonic() + 30
+    while job.step()[0] < lost_at + 3:  # the workers train on without a driver
+        assert time.monotonic() < deadline, "training stopped with the driver"
+        time.sleep(0.05)
+    job.start_driver(["--resume", *args, *COMMON, *TRAIN])
+    resumed_at = job.step()[0]
+    job.wait_until("training under it", lambda: job.step()[0] >= resumed_at + 3)
+    stop.touch()
+    result = job.finish()
+    assert "driver restarted (epoch 2): re-adopted 2 of 2 worker(s)" in result.stderr
+    views = check_job(result.records, samples=64, epochs=None)
+    assert [v.size for v in views] == [2]
+    assert not result.events("restore")
+    assert sorted(views[0].ranks_by_pid) == pids
+    assert job.wait_agent(H1) == 0 and job.wait_agent(H2) == 0
     job.close()
