@@ -1,9 +1,11 @@
 """Local workers outlive a killed driver when the job keeps a journal (--state-dir): they
-run under agents of the job's own, and a driver resumed with --resume takes them back.
-A clean stop (SIGTERM, the job's end) still stops every one of them."""
+run under agents of the job's own, and a driver resumed with --resume takes them back, a
+round that broke while it was away included. A clean stop (SIGTERM, the job's end) still
+stops every one of them."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import time
@@ -34,7 +36,8 @@ class LocalJob:
         self.env, self.tag = job_env(train_env(self.logs, self.progress, epochs=100_000,
                                                sleep=0.05, stop_file=self.stop))
         self.state = tmp / "state"
-        self.args = ["-H", "localhost:2,127.0.0.1:2", "--start-timeout", "60",
+        self.args = ["-np", "4", "--min-np", "2", "-H", "localhost:2,127.0.0.1:2",
+                     "--start-timeout", "60",
                      "--state-dir", str(self.state), PYTHON,
                      str(SCRIPTS / "elastic_train.py")]
         self.drivers: list[subprocess.Popen[str]] = []
@@ -125,3 +128,32 @@ def test_resume_alone_needs_the_jobs_command_line(tmp_path: Path) -> None:
     assert result.stderr.splitlines() == [
         f"elasticrun: error: --resume --state-dir {empty}: no job's command line there "
         f"(command.json is missing); give the job's whole command line with --resume"]
+
+
+def test_a_round_that_breaks_while_the_driver_is_away_waits_for_it(job: LocalJob) -> None:
+    """A worker dies while there is no driver: its peers' collectives fail and they wait
+    (asking for the next round, within --driver-grace); the resumed driver learns of the
+    exit from the worker's agent, fails its host, and the survivors go on from their
+    commit."""
+    first = job.driver()
+    job.wait_steps(0, 3)
+    first.kill()
+    first.communicate()
+    logged = {r["pid"]: r["host"] for r in read_records(job.logs) if r["event"] == "round"}
+    victim = next(pid for pid in job.workers() if logged.get(pid) == "127.0.0.1")
+    os.kill(victim, signal.SIGKILL)
+    time.sleep(1.0)  # the survivors' step fails; they wait for a driver
+    stalled = job.step()
+    time.sleep(1.0)
+    assert job.step() == stalled  # nobody trains on a broken round
+    second = job.short_resume()
+    job.wait_steps(job.step(), 5)
+    job.stop.touch()
+    out, err = second.communicate(timeout=120)
+    assert second.returncode == 0, err[-3000:]
+    assert "host 127.0.0.1 failed" in err, err[-3000:]
+    records = list(read_records(job.logs))
+    views = check_job(records, samples=64, epochs=None)
+    assert [v.size for v in views] == [4, 2]
+    assert set(views[-1].hosts_by_rank.values()) == {"localhost"}
+    assert_no_orphans(job.tag, within=15)
