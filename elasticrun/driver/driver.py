@@ -158,7 +158,7 @@ class Driver:
         if self._workers.pool is None:
             self._open_pool(dialed[0], port, all_local)
         if self._resumed is not None:
-            self.post(ev.JobResumed(self._epoch, config.start_timeout))
+            self.post(ev.JobResumed(self._epoch, config.start_timeout, self._lost_with_driver()))
             self.post(ev.HostsFound(hosts))
         else:
             self.post(ev.JobStarted(hosts))
@@ -272,6 +272,13 @@ class Driver:
             self._end(action.code)
         elif isinstance(action, ev.Fail):
             self._end(JobFailedError(action.message + self._failures.suffix()))
+
+    def _lost_with_driver(self) -> tuple[str, ...]:
+        """The kept workers whose launcher ended them with the old driver (SSH ones): the
+        resumed driver does not wait for them."""
+        outlives = getattr(self._launcher, "outlives_driver", None)
+        return tuple(w.id for w in self.machine.state.workers.values()
+                     if w.alive and (outlives is None or not outlives(w.slot.host)))
 
     # --- fencing -----------------------------------------------------------------------
     def _superseded(self, epoch: int) -> None:

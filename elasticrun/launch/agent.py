@@ -46,6 +46,10 @@ class AgentLauncher:
             raise SpawnError(f"host {spec.host}: {error}")
         return process
 
+    def outlives_driver(self, host: str) -> bool:
+        """An agent keeps its workers while the driver is away (within its grace)."""
+        return True
+
     def driver_address(self, host: str) -> str | None:
         """The address the host's agent dialed: it reaches the driver, so its workers do."""
         link = self._hub.link(host)

@@ -23,6 +23,12 @@ class AutoLauncher:
         if serving is not None:
             serving(port)
 
+    def outlives_driver(self, host: str) -> bool:
+        """This machine's workers may (under the job's own agents); SSH ones end with it."""
+        outlives = getattr(self._local, "outlives_driver", None)
+        return is_local_host(host, self._local_names) and outlives is not None \
+            and bool(outlives(host))
+
     def driver_address(self, host: str) -> str | None:
         address = getattr(self._local, "driver_address", None)
         return address(host) if address is not None else None

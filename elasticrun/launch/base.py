@@ -60,7 +60,10 @@ class Launcher(Protocol):
     `start` raises `elasticrun.errors.SpawnError` (one line) when the worker cannot be
     started, and returns within a bound of its own. A launcher may also define
     `driver_address(host) -> str | None`: the driver's address as workers on `host` dial it
-    (None, or no such method: the address that routes to the host).
+    (None, or no such method: the address that routes to the host); `outlives_driver(host)
+    -> bool`: whether its workers on `host` go on when the driver is killed, for a resumed
+    driver to take back (no such method: they end with it); `serving(port)`: told the
+    driver's port once it listens.
     """
 
     async def start(self, spec: WorkerSpec) -> WorkerProcess: ...

@@ -73,6 +73,9 @@ class LocalAgents:
                     self._started[spec.host] = await self._start_agent(spec.host)
         return await self._agents.start(spec)
 
+    def outlives_driver(self, host: str) -> bool:
+        return True
+
     def driver_address(self, host: str) -> str | None:
         return self._agents.driver_address(host)
 

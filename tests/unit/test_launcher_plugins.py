@@ -193,6 +193,9 @@ async def test_with_a_state_dir_local_workers_run_under_the_jobs_own_agents(
         token = tmp_path / "state" / "agent-token"
         assert (token.stat().st_mode & 0o777) == 0o600
         assert parts.agents.token == token.read_text().strip()
+        assert parts.launcher.outlives_driver("localhost")  # type: ignore[attr-defined]
+        if name == "auto":  # an SSH host's workers end with their driver's connection
+            assert not parts.launcher.outlives_driver("node1")  # type: ignore[attr-defined]
     finally:
         await parts.launcher.close()
     again = build_parts(config(launcher=name, state_dir=tmp_path / "state"))

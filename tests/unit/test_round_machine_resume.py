@@ -109,3 +109,22 @@ def test_a_round_that_was_forming_is_cut_afresh_with_those_back() -> None:
     assert new.state.round_number == 2
     assert not of(ev.Spawn, actions)  # the same processes, in a new round
 
+
+
+def test_workers_that_ended_with_the_old_driver_are_not_waited_for() -> None:
+    """SSH workers end with their driver's connection: once every worker that can come back
+    has, the others are failed at once instead of at the bound."""
+    cfg = config(np=2, min_np=1, blacklist_cooldown=(10.0, 100.0))
+    old = Sim(cfg)
+    old.running({"local": 1, "remote": 1})
+    body = json.loads(json.dumps(encode(old.state, old.now, 1_790_000_000.0)))
+    new = Sim(cfg)
+    new.machine.state = decode(body, HostRegistry((10.0, 100.0), random.Random(0)),
+                               new.now, 1_790_000_005.0)
+    remote = new.worker_on("remote")
+    new.send(ev.JobResumed(2, BOUND, lost=(remote.id,)))
+    actions = new.send(ev.WorkerBack(new.worker_on("local").id))
+    assert not remote.alive and new.state.hosts.is_blacklisted("remote", new.now)
+    assert [f.cause for f in of(ev.RecordFailure, actions)] == [
+        "rank 1 on host remote ended with the old driver (its launcher does not outlive it)"]
+    assert of(ev.BreakRound, actions)  # the usual recovery, now rather than at the bound

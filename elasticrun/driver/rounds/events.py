@@ -56,6 +56,9 @@ class JobResumed:
 
     epoch: int
     bound_s: float
+    # Kept workers whose launcher ends them with their driver (SSH): failed at once, not
+    # waited for.
+    lost: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from elasticrun.driver.rounds.step import Step
 def started(step: Step, event: JobResumed) -> dict[str, int] | None:
     state = step.state
     expected = _kept(state)
-    state.resume = Resume(event.epoch, step.now, len(expected))
+    state.resume = Resume(event.epoch, step.now, len(expected), lost=set(event.lost) & expected)
     step.timer(TimerKind.RESUME_BOUND, step.now + event.bound_s)
     step.log("info", f"driver restarted (epoch {event.epoch}): waiting up to "
                      f"{event.bound_s:g}s for {len(expected)} worker(s) to come back")
@@ -98,7 +98,9 @@ def _evaluate(step: Step, bound_passed: bool) -> dict[str, int] | None:
     resume = state.resume
     assert resume is not None
     number = state.round_number
-    decision = decide(state, {worker: number for worker in resume.back}, bound_passed)
+    # Once every worker that can come back has, waiting longer gains nothing.
+    waited = bound_passed or _kept(state) - resume.lost <= resume.back
+    decision = decide(state, {worker: number for worker in resume.back}, waited)
     if isinstance(decision, Refuse):
         step.fail(decision.reason)
         return None
@@ -110,18 +112,20 @@ def _evaluate(step: Step, bound_passed: bool) -> dict[str, int] | None:
         if worker.alive and worker.id not in resume.back and worker.id not in members:
             worker.alive = False
             worker.status = WorkerStatus.RELEASED
-    waited = step.now - resume.started
+    seconds = step.now - resume.started
     step.log("info", f"driver restarted (epoch {resume.epoch}): re-adopted "
-                     f"{len(resume.back)} of {resume.expected} worker(s) in {waited:.1f}s")
+                     f"{len(resume.back)} of {resume.expected} worker(s) in {seconds:.1f}s")
     step.report("driver_resumed", epoch=resume.epoch, readopted=len(resume.back),
-                expected=resume.expected, seconds=waited)
+                expected=resume.expected, seconds=seconds)
     if isinstance(decision, FailMissing):
         for worker_id in decision.missing:
             worker = state.workers[worker_id]
             worker.alive = False
             worker.status = WorkerStatus.FAILED
-            cause = (f"rank {worker.rank} on host {worker.slot.host} did not come back to "
-                     f"the restarted driver")
+            cause = (f"rank {worker.rank} on host {worker.slot.host} ended with the old "
+                     f"driver (its launcher does not outlive it)" if worker_id in resume.lost
+                     else f"rank {worker.rank} on host {worker.slot.host} did not come back "
+                          f"to the restarted driver")
             step.record_failure(worker, cause, "lost", rank=worker.rank)
             step.fail_host(worker.slot.host, cause)
     elif isinstance(decision, FreshRound):

@@ -134,6 +134,7 @@ class Resume:
     started: float
     expected: int  # the workers the journal kept, alive
     back: set[str] = field(default_factory=set)
+    lost: set[str] = field(default_factory=set)  # died with the old driver: not waited for
     decided: bool = False  # who is back is settled; discovery may still be catching up
     hosts: dict[str, int] | None = None  # discovery's latest answer, held until it agrees
 
