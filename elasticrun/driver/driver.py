@@ -121,7 +121,11 @@ class Driver:
 
     async def _start(self) -> None:
         config = self._config
-        hosts = await self._watcher.first_poll()
+        if self._resumed is None:
+            hosts = await self._watcher.first_poll()
+        else:  # the job runs: a discovery that fails now keeps the journal's hosts
+            found = await self._watcher.poll()
+            hosts = self.machine.state.hosts.discovered if found is None else found
         self._timeline.start()
         placement = self._workers.placement
         placement.set_hosts(list(hosts))

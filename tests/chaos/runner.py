@@ -19,6 +19,7 @@ import os
 import random
 import re
 import signal
+import subprocess
 import threading
 import time
 from collections import Counter
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from tests.integration.harness import PYTHON, SCRIPTS, read_records, start_job
+from tests.integration.harness import PYTHON, REPO, SCRIPTS, job_env, read_records
 
 KINDS = {  # fault -> weight
     "sigkill": 4, "exception": 4, "sigstop": 1, "remove_host": 2, "add_host": 2,
@@ -85,8 +86,12 @@ class ChaosReport:
 
 class Chaos:
     def __init__(self, workdir: Path, seed: int, ssh_hosts: list[str],
-                 extra_env: dict[str, str] | None = None, hang_detection: bool = True) -> None:
+                 extra_env: dict[str, str] | None = None, hang_detection: bool = True,
+                 driver_restarts: bool = False) -> None:
         self.dir = workdir
+        # The driver SIGKILLed and resumed (--state-dir, --resume): opt-in, not in CI's soak.
+        self.kinds = {**KINDS, **({"driver_restart": 1} if driver_restarts else {})}
+        self.state_flags = ["--state-dir", str(workdir / "state")] if driver_restarts else []
         self.hang_flags = [] if hang_detection else WITHOUT_HANG_DETECTION
         self.rng = random.Random(seed)
         self.report = ChaosReport(seed)
@@ -98,7 +103,7 @@ class Chaos:
         self.progress = workdir / "progress"
         self.stop_file = workdir / "stop"
         self.extra_env = extra_env or {}
-        self._planned = sorted(KINDS, key=lambda _: self.rng.random())
+        self._planned = sorted(self.kinds, key=lambda _: self.rng.random())
         self._planned.remove("add_host")  # after a removal, so that it can apply
         self._planned.insert(self._planned.index("remove_host"), "add_host")
 
@@ -114,20 +119,28 @@ class Chaos:
                "PROGRESS_FILE": str(self.progress), "TRAIN_STOP_FILE": str(self.stop_file),
                **self.extra_env}
         self.started = time.monotonic()
-        self.proc, self.tag = start_job([
+        self.env, self.tag = job_env(env)
+        self._out: list[str] = []
+        self._err: list[str] = []
+        self._drains: list[threading.Thread] = []
+        self._driver([
             "-np", "4", "--min-np", str(MIN_NP), "--max-np", "6",
             "--host-discovery-script", str(script), "--discovery-interval", "0.5",
             "--discovery-timeout", "2", *self.hang_flags, "--start-timeout", "60",
-            "--blacklist-cooldown-range", "2", "4",
-            PYTHON, str(SCRIPTS / "elastic_train.py")], env)
+            "--blacklist-cooldown-range", "2", "4", *self.state_flags,
+            PYTHON, str(SCRIPTS / "elastic_train.py")])
+
+    def _driver(self, args: list[str]) -> None:
+        self.proc = subprocess.Popen([PYTHON, "-m", "elasticrun", *args], env=self.env,
+                                     cwd=REPO, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         # Drain the job's output as it comes: a full pipe would block the driver.
-        self._out: list[str] = []
-        self._err: list[str] = []
-        self._drains = [threading.Thread(target=_drain, args=(stream, sink), daemon=True)
-                        for stream, sink in ((self.proc.stdout, self._out),
-                                             (self.proc.stderr, self._err))]
-        for thread in self._drains:
+        drains = [threading.Thread(target=_drain, args=(stream, sink), daemon=True)
+                  for stream, sink in ((self.proc.stdout, self._out),
+                                       (self.proc.stderr, self._err))]
+        for thread in drains:
             thread.start()
+        self._drains += drains
 
     def run(self, faults: int) -> ChaosReport:
         self.start()
@@ -176,10 +189,20 @@ class Chaos:
             if self._planned:
                 kind = self._planned.pop()
             else:
-                kind = self.rng.choices(list(KINDS), weights=list(KINDS.values()))[0]
+                kind = self.rng.choices(list(self.kinds), weights=list(self.kinds.values()))[0]
             detail = getattr(self, f"_{kind}")()
             if detail is not None:
                 return kind, detail
+
+    def _driver_restart(self) -> str:
+        """The driver SIGKILLed; a little later `elasticrun --resume --state-dir DIR`."""
+        old = self.proc
+        old.kill()
+        old.wait()
+        away = self.rng.uniform(0.2, 2.0)
+        time.sleep(away)
+        self._driver(["--resume", *self.state_flags])
+        return f"pid {old.pid}, away {away:.1f}s"
 
     def _sigkill(self) -> str | None:
         pid = self._victim()

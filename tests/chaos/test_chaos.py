@@ -3,7 +3,9 @@
 CI runs a short soak (CHAOS_FAULTS, default 12). The long mode, by hand:
     CHAOS_FAULTS=100 CHAOS_SEED=7 python -m pytest tests/chaos -s
 prints the summary line (faults by kind, duration, driver memory, recovery by kind);
-CHAOS_HANG_DETECTION=0 runs it as before hang detection, for comparison.
+CHAOS_HANG_DETECTION=0 runs it as before hang detection, for comparison;
+CHAOS_DRIVER_RESTARTS=1 adds a fault: the driver SIGKILLed, and resumed (--state-dir,
+`elasticrun --resume --state-dir DIR`) 0.2-2 s later.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from tests.ssh.conftest import SSHServer
 FAULTS = int(os.environ.get("CHAOS_FAULTS", "12"))
 SEED = int(os.environ.get("CHAOS_SEED", "1"))
 HANG_DETECTION = os.environ.get("CHAOS_HANG_DETECTION", "1") != "0"
+DRIVER_RESTARTS = os.environ.get("CHAOS_DRIVER_RESTARTS", "0") == "1"
 RSS_GROWTH_LIMIT_MIB = 16.0
 
 
@@ -33,7 +36,7 @@ def test_chaos_soak(tmp_path: Path, sshd: SSHServer) -> None:
         f"  IdentityFile {sshd.client_key}\n")
     (home / ".ssh" / "known_hosts").write_text(sshd.known_hosts_line())
     chaos = Chaos(tmp_path / "job", SEED, ssh_hosts=["sshchaos"], extra_env={"HOME": str(home)},
-                  hang_detection=HANG_DETECTION)
+                  hang_detection=HANG_DETECTION, driver_restarts=DRIVER_RESTARTS)
     try:
         report = chaos.run(FAULTS)
     finally:  # what the driver said, for whoever has to find out what went wrong

@@ -128,3 +128,20 @@ def test_workers_that_ended_with_the_old_driver_are_not_waited_for() -> None:
     assert [f.cause for f in of(ev.RecordFailure, actions)] == [
         "rank 1 on host remote ended with the old driver (its launcher does not outlive it)"]
     assert of(ev.BreakRound, actions)  # the usual recovery, now rather than at the bound
+
+
+def test_a_failure_while_the_driver_waits_is_recovered_once_it_knows_who_is_back() -> None:
+    """A worker's exit (its agent came back first, with the exit queued) breaks the round;
+    the next round is cut only once the others are back, not around workers not yet
+    taken back."""
+    _, new = resumed({"a": 1, "b": 1, "c": 1})
+    dead = new.worker_on("c")
+    actions = new.send(ev.WorkerExited(dead.id, -9))
+    actions += new.advance(1.0)  # the failure-collection time passes: no cut yet
+    assert new.state.round_number == 1 and not of(ev.OpenRound, actions)
+    for host in ("a", "b"):
+        actions += new.send(ev.WorkerBack(new.worker_on(host).id))
+    actions += new.advance(1.0)
+    assert new.state.round_number == 2 and {s.host for s in new.state.assignment} == {"a", "b"}
+    assert len(of(ev.RecordFailure, actions)) == 1  # the exit's, not a second for "missing"
+    assert not of(ev.Spawn, actions)  # the survivors go on in their own processes

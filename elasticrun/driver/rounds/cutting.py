@@ -43,6 +43,8 @@ def cut(step: Step) -> None:
     state, config, now = step.state, step.config, step.now
     if state.phase in (JobPhase.FINISHING, JobPhase.STOPPED, JobPhase.STARTING):
         return
+    if state.resume is not None and not state.resume.decided:
+        return  # a resumed driver cuts once it knows who is back (resume.py cuts then)
     state.cut_at = None
     state.phase = JobPhase.RECOVERING
     capacity = planner.capacity(state, config.max_np, now)

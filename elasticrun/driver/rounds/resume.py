@@ -120,6 +120,8 @@ def _evaluate(step: Step, bound_passed: bool) -> dict[str, int] | None:
     if isinstance(decision, FailMissing):
         for worker_id in decision.missing:
             worker = state.workers[worker_id]
+            if not worker.alive:
+                continue  # its exit, reported while the driver waited, failed it already
             worker.alive = False
             worker.status = WorkerStatus.FAILED
             cause = (f"rank {worker.rank} on host {worker.slot.host} ended with the old "
@@ -141,4 +143,7 @@ def _evaluate(step: Step, bound_passed: bool) -> dict[str, int] | None:
             step.break_round(number)
             state.phase = JobPhase.RECOVERING
             cutting.cut(step)
+    if state.phase is JobPhase.RECOVERING and (state.cut_at is None
+                                               or state.cut_at <= step.now):
+        cutting.cut(step)  # the cut a failure asked for while the driver waited
     return _release(step, bound_passed)
