@@ -12,15 +12,45 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import signal
-from collections.abc import Awaitable, Sequence
+import sys
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from elasticrun.timed import within
 
 # How long a start that was cancelled gets to finish, and a killed child to be gone.
 SETTLE_S = 5.0
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _parent_death_signal() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl  # resolved here, not in the child
+    except (OSError, AttributeError):
+        return None
+
+
+_prctl = _parent_death_signal()
+
+
+def die_with_parent(death_signal: int) -> Callable[[], None]:
+    parent = os.getpid()
+
+    def set_signal() -> None:
+        """Runs in the child between fork and exec: only calls into libc, no imports. A
+        parent killed before the signal was set never sends it (seen under load: a driver
+        SIGKILLed just after forking left a worker behind), so the child then goes at once."""
+        if _prctl is not None:
+            _prctl(_PR_SET_PDEATHSIG, death_signal)
+            if os.getppid() != parent:
+                os._exit(128 + death_signal)
+    return set_signal
 
 
 async def spawn_session(argv: Sequence[str], **options: Any) -> asyncio.subprocess.Process:

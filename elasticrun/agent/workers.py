@@ -23,8 +23,9 @@ from elasticrun.errors import SpawnError
 from elasticrun.launch import agent_wire as wire
 from elasticrun.launch.base import launcher_env
 from elasticrun.launch.forked import ForkedProcess, Forker
-from elasticrun.launch.local import LocalProcess, die_with_parent, start_local
+from elasticrun.launch.local import LocalProcess, start_local
 from elasticrun.process_view import ProcessState, ProcessView
+from elasticrun.spawning import die_with_parent
 from elasticrun.timed import within
 
 log = logging.getLogger("elasticrun.agent")

@@ -8,7 +8,7 @@ import signal
 from collections.abc import Mapping, Sequence
 
 from elasticrun.errors import DiscoveryError
-from elasticrun.spawning import kill_session, signal_session, spawn_session
+from elasticrun.spawning import die_with_parent, kill_session, signal_session, spawn_session
 from elasticrun.timed import within
 
 MAX_OUTPUT_BYTES = 1024 * 1024
@@ -24,6 +24,8 @@ async def run_command(argv: Sequence[str], timeout: float, name: str,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             env=dict(env) if env is not None else None,
+            # a driver SIGKILLed mid-poll (its journal lets it be resumed) leaves no script
+            preexec_fn=die_with_parent(signal.SIGKILL),
         )
     except FileNotFoundError:
         raise DiscoveryError(f"{name}: {argv[0]} not found") from None

@@ -9,49 +9,17 @@ outlives it.
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import os
 import signal
-import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from elasticrun.errors import SpawnError
 from elasticrun.launch.base import WorkerSpec
 from elasticrun.launch.forked import ForkedProcess, Forker
 from elasticrun.process_view import ProcessState, ProcessView, read_process_view
-from elasticrun.spawning import signal_session, spawn_session, stop_session
+from elasticrun.spawning import die_with_parent, signal_session, spawn_session, stop_session
 
 OUTPUT_LIMIT = 1024 * 1024  # bytes a reader buffers before the pump drains it
-_PR_SET_PDEATHSIG = 1
-
-
-def _parent_death_signal() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl  # resolved here, not in the child
-    except (OSError, AttributeError):
-        return None
-
-
-_prctl = _parent_death_signal()
-
-
-def die_with_parent(death_signal: int) -> Callable[[], None]:
-    parent = os.getpid()
-
-    def set_signal() -> None:
-        """Runs in the child between fork and exec: only calls into libc, no imports. A
-        parent killed before the signal was set never sends it (seen under load: a driver
-        SIGKILLed just after forking left a worker behind), so the child then goes at once."""
-        if _prctl is not None:
-            _prctl(_PR_SET_PDEATHSIG, death_signal)
-            if os.getppid() != parent:
-                os._exit(128 + death_signal)
-    return set_signal
-
-
 class LocalProcess:
     def __init__(self, proc: asyncio.subprocess.Process) -> None:
         self._proc = proc

@@ -152,6 +152,8 @@ class Chaos:
                 injected = time.monotonic()
                 self.report.injected.append((injected - self.started, kind, detail))
                 self._wait_progress(after=step, steps=3)
+                if kind == "driver_restart":  # training goes on without it: wait for it too
+                    self._wait_resumed()
                 self.report.recovered_s.append(time.monotonic() - injected)
                 self.report.driver_rss_kb.append(_rss_kb(self.proc.pid))
             self.listed = dict(self.all_hosts)  # end healthy: every host, discovery working
@@ -283,6 +285,17 @@ class Chaos:
             return int(json.loads(self.progress.read_text())[0])
         except (OSError, ValueError):
             return 0
+
+    def _wait_resumed(self) -> None:
+        """Until the resumed driver says who came back (its memory is measured next)."""
+        deadline = time.monotonic() + RECOVERY_TIMEOUT_S
+        said = sum("re-adopted" in line for line in list(self._err))
+        while said < self.report.counts()["driver_restart"]:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"the resumed driver did not take its workers back; its "
+                                     f"last lines:\n{self.driver_tail()}")
+            time.sleep(0.05)
+            said = sum("re-adopted" in line for line in list(self._err))
 
     def _wait_progress(self, after: int, steps: int) -> None:
         deadline = time.monotonic() + RECOVERY_TIMEOUT_S

@@ -53,6 +53,29 @@ def test_killed_driver_takes_its_forked_workers_and_their_template_along(tmp_pat
     assert_no_orphans(tag, within=5)
 
 
+def test_killed_driver_takes_a_running_discovery_script_along(tmp_path: Path) -> None:
+    """A driver SIGKILLed while its discovery script runs (here: one that hangs from its
+    second call on) leaves no script behind (the script's parent-death signal)."""
+    calls = tmp_path / "calls"
+    script = tmp_path / "discover.py"
+    script.write_text(f"""#!{PYTHON}
+import pathlib, time
+calls = pathlib.Path({str(calls)!r})
+calls.write_text(calls.read_text() + "x" if calls.exists() else "x")
+if len(calls.read_text()) > 1:
+    time.sleep(600)
+print("localhost:1")
+""")
+    script.chmod(0o755)
+    proc, tag = start_job(["-np", "1", "--host-discovery-script", str(script),
+                           "--discovery-interval", "0.2", "--discovery-timeout", "600",
+                           PYTHON, "-c", "import time; time.sleep(600)"])
+    wait_for("a hanging discovery call", lambda: calls.exists() and len(calls.read_text()) > 1)
+    proc.kill()
+    proc.communicate(timeout=30)
+    assert_no_orphans(tag, within=5)
+
+
 def test_workers_stop_when_the_driver_stops_answering(tmp_path: Path) -> None:
     """A driver that hangs (here: SIGSTOP) closes nothing; the workers notice its silence
     within --driver-timeout and stop, saying why."""
