@@ -94,7 +94,7 @@ async def test_the_discovery_watcher_stops_whenever_it_is_cancelled(tmp_path: Pa
     for _ in range(100):
         watcher = HostWatcher(ScriptDiscovery(script, 1, 5.0), 0.0, lambda s, f: None)
         task = asyncio.ensure_future(watcher.run(found))
-        await asyncio.sleep(rng.uniform(0.0, 0.02))
+        await asyncio.sleep(rng.uniform(0.0, 0.05))
         task.cancel()
         done, _ = await asyncio.wait({task}, timeout=2)
         assert done, "the watcher went on polling after it was cancelled"
