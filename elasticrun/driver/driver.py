@@ -47,6 +47,7 @@ log = logging.getLogger("elasticrun.driver")
 
 SIGNALS = {signal.SIGINT: 130, signal.SIGTERM: 143}  # exit codes as a shell reports them
 TASKS_STOP_S = 5.0  # how long the driver's own tasks get to stop once cancelled
+RESUME_PORT_WAIT_S = 10.0  # the old driver's port may be freed a moment after its death
 
 
 class Driver:
@@ -140,7 +141,8 @@ class Driver:
             self._journal = await self._open_journal(port)
             self._open_pool(dialed[0], port, all_local)
         try:
-            port = await self._server.start(addresses, port, routes)
+            port = await self._server.start(addresses, port, routes,
+                                            RESUME_PORT_WAIT_S if self._resumed else 0.0)
         except OSError as exc:
             raise ConfigError(f"cannot listen on {', '.join(addresses)} port "
                               f"{port}: {exc.strerror or exc}") from None

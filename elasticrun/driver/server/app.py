@@ -7,6 +7,9 @@ serves only: every decision is the round machine's, whose state it reads.
 
 from __future__ import annotations
 
+import asyncio
+import errno
+import time
 from collections.abc import Callable, Iterable, Sequence
 
 from aiohttp import web
@@ -23,6 +26,7 @@ from elasticrun.driver.server.signing import RequestSigning
 from elasticrun.driver.server.timeline_api import TimelineEndpoint
 
 SHUTDOWN_TIMEOUT_S = 2.0
+PORT_RETRY_S = 0.1  # between tries of a port still in use (start's port_wait_s)
 # Every worker of a job connects at once when a round opens: with the usual backlog of 128,
 # a large job overflows the accept queue and the dropped connections retry only after 1 s
 # or more. The kernel caps this at net.core.somaxconn.
@@ -63,9 +67,12 @@ class WorkerServer:
 
     # --- lifecycle ------------------------------------------------------------------------
     async def start(self, host: str | Sequence[str], port: int = 0,
-                    extra_routes: Iterable[web.RouteDef] = ()) -> int:
+                    extra_routes: Iterable[web.RouteDef] = (), port_wait_s: float = 0.0
+                    ) -> int:
         """Serves the worker endpoints, and `extra_routes` (which do their own auth), on
-        one port of each address in `host`."""
+        one port of each address in `host`. `port_wait_s`: a port still in use is tried
+        again for this long (a resumed driver's, just freed by the old one's death: the
+        kernel releases a dead process's sockets a moment after it is gone)."""
         hosts = [host] if isinstance(host, str) else list(host)
         pace_for_serving()
         app = web.Application(client_max_size=protocol.MAX_BODY_BYTES,
@@ -84,9 +91,18 @@ class WorkerServer:
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
                                      shutdown_timeout=SHUTDOWN_TIMEOUT_S)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, hosts[0], port, reuse_address=True,
-                           backlog=LISTEN_BACKLOG)
-        await site.start()
+        deadline = time.monotonic() + port_wait_s
+        while True:
+            site = web.TCPSite(self._runner, hosts[0], port, reuse_address=True,
+                               backlog=LISTEN_BACKLOG)
+            try:
+                await site.start()
+                break
+            except OSError as exc:
+                await site.stop()
+                if exc.errno != errno.EADDRINUSE or time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(PORT_RETRY_S)
         addresses = self._runner.addresses
         assert addresses, "the driver's server did not bind"
         self.port = int(addresses[0][1])
