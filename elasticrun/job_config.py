@@ -27,9 +27,9 @@ from elasticrun.tokens import MIN_TOKEN_LENGTH, read_secret
 # A launcher given without a host source brings its own: agents are found by connecting,
 # a Slurm job's hosts are its allocation's nodes.
 IMPLIED_DISCOVERY = {"agent": "agents", "slurm": "slurm"}
-# With --state-dir, these run this machine's workers under agents of the job's own, so that
-# the workers outlive a lost driver.
-LOCAL_AGENT_LAUNCHERS = ("local", "auto")
+# With --state-dir, these run their workers under agents of the job's own (started here
+# or over SSH), so that the workers outlive a lost driver.
+OWN_AGENT_LAUNCHERS = ("local", "auto", "ssh")
 
 
 def build_config(
@@ -154,9 +154,9 @@ def build_config(
         launcher=launcher,
         agent_token=agent_token,
     )
-    if resume and launcher_target not in (*AGENT_LAUNCHERS, *LOCAL_AGENT_LAUNCHERS):
-        raise ConfigError(f"--resume takes back workers that outlive their driver: local "
-                          f"ones (--launcher local or auto) and those under elasticrun "
+    if resume and launcher_target not in (*AGENT_LAUNCHERS, *OWN_AGENT_LAUNCHERS):
+        raise ConfigError(f"--resume takes back workers that outlive their driver: those "
+                          f"of --launcher local, ssh or auto and those under elasticrun "
                           f"agents; --launcher {launcher_target}'s workers end with it, so "
                           f"there would be nothing to take back")
     if config.uses_agents and not config.bind:
@@ -194,8 +194,8 @@ def build_parts(config: DriverConfig) -> JobParts:
     agents = AgentHub(config.agent_token) if config.uses_agents and config.agent_token \
         else None
     if agents is None and config.state_dir is not None \
-            and launcher_name(config.launcher) in LOCAL_AGENT_LAUNCHERS:
-        # this machine's workers run under agents of the job's own (launch/local_agents.py)
+            and launcher_name(config.launcher) in OWN_AGENT_LAUNCHERS:
+        # workers run under agents of the job's own (launch/job_agents.py)
         agents = AgentHub(job_agent_token(config.state_dir), own=True)
     return JobParts(build_discovery(config, agents),
                     load_launcher(config.launcher, config, agents), agents)

@@ -6,6 +6,11 @@ host_template.py, when the line names one and the command is a Python script or 
 else started as usual) and watches stdin: a "stop" line, EOF
 (the channel or connection closed) or SIGTERM/SIGHUP/SIGINT to itself ends the command's
 whole process group (SIGTERM, then SIGKILL after the grace period).
+
+A line with "detach": LOG starts the command in a session of its own that outlives the
+channel (a job's agent, launch/ssh_agents.py), its output appended to LOG (a relative
+path: in the command's $TMPDIR, else the host's, else /tmp), prints
+"started PID" and exits 0.
 """
 
 from __future__ import annotations
@@ -196,12 +201,38 @@ def wait(child):
     return code
 
 
+def detach(spec):
+    """Starts the command to outlive this channel; prints its pid."""
+    try:
+        os.chdir(spec["cwd"])
+    except OSError as exc:
+        fail("cannot change to directory %r: %s" % (spec["cwd"], exc.strerror), 127)
+    tmp = spec["env"].get("TMPDIR") or os.environ.get("TMPDIR") or "/tmp"
+    log = os.path.join(tmp, spec["detach"])  # if relative
+    try:
+        out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND
+                      | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    except OSError:
+        out = os.open(os.devnull, os.O_WRONLY)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    try:
+        child = subprocess.Popen(spec["command"], env=spec["env"], stdin=devnull, stdout=out,
+                                 stderr=out, close_fds=True, start_new_session=True)
+    except OSError as exc:
+        fail("cannot start %r: %s" % (spec["command"][0], exc.strerror or exc), 127)
+    sys.stdout.write("started %d\n" % child.pid)
+    sys.stdout.flush()
+    os._exit(0)
+
+
 def main():
     stdin = Stdin()
     first = stdin.line()
     if first is None:
         os._exit(EOF_CODE)
     spec = json.loads(first.decode("utf-8"))
+    if spec.get("detach"):
+        detach(spec)
     group = Group(float(spec.get("grace", 5.0)))
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: group.stop())

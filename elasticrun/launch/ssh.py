@@ -25,9 +25,6 @@ import asyncio
 import json
 import logging
 import re
-import shlex
-import threading
-import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -38,137 +35,18 @@ from elasticrun import protocol
 from elasticrun.errors import SpawnError
 from elasticrun.launch.base import WorkerSpec
 from elasticrun.launch.bootstrap import remote_command
-from elasticrun.launch.forked import python_program, template_env
-from elasticrun.launch.plugins import LaunchOptions, no_arg
-from elasticrun.launch.ssh_connect import (
-    SSHSettings,
-    _connect,
-    _load_config,
-    _one_line,
-    _resolve,
-    _Target,
-)
+from elasticrun.launch.forked import python_program
+from elasticrun.launch.ssh_connect import SSHSettings, _load_config, _resolve
+from elasticrun.launch.ssh_hosts import HostConnections, first_line
 from elasticrun.launch.ssh_process import SSHProcess
-from elasticrun.worker.host_template import BOOT as TEMPLATE_BOOT
 
 __all__ = ["SSHLauncher", "SSHProcess", "SSHSettings"]
 
 log = logging.getLogger("elasticrun.launch.ssh")
 
 MAX_CONNECT_THREADS = 32
-TEMPLATE_READY_S = 60.0  # it imports torch: seconds, more on a loaded host
-MAX_TEMPLATES = 4  # per host
+ANSWER_S = 30.0  # a detached command's bootstrap says "started PID" within this
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")  # in a file name
-
-
-class _HostConnections:
-    """The SSH connections to one host: normally one; more if sshd's MaxSessions is reached.
-
-    Blocking: runs in the launcher's threads. Connects to one host happen one at a time.
-    """
-
-    def __init__(self, target: _Target, settings: SSHSettings) -> None:
-        self.target = target
-        self.settings = settings
-        self.clients: list[paramiko.SSHClient] = []
-        self.closed = False
-        self._connect_lock = threading.Lock()
-        self._template_lock = threading.Lock()  # one template starts at a time
-        self._state_lock = threading.Lock()  # clients, closed and the templates below
-        # (interpreter, common environment) -> (the template's channel, its socket's path)
-        self._templates: dict[tuple[str, str], tuple[paramiko.Channel | None, str]] = {}
-        self._starting: paramiko.Channel | None = None  # a template not ready yet
-
-    def start(self, remote: str, payload: bytes) -> paramiko.Channel:
-        """A session channel running `remote`, with `payload` written to its stdin."""
-        with self._connect_lock:
-            channel = self._open_channel()
-            if channel is None:
-                self._add(_connect(self.target, self.settings))
-                channel = self._open_channel()
-        if channel is None:
-            raise SpawnError(f"cannot open an SSH session on host {self.target.describe()}")
-        try:
-            channel.exec_command(remote)
-            channel.sendall(payload)
-        except (OSError, EOFError, paramiko.SSHException) as exc:
-            channel.close()
-            raise SpawnError(f"cannot start a command on host {self.target.describe()} over "
-                             f"SSH: {_one_line(exc)}") from None
-        return channel
-
-    def template(self, python: str, env: Mapping[str, str]) -> str:
-        """The socket path of this host's worker template for `python` and `env` ("": none),
-        started on first use. Blocking; raises SpawnError when the host cannot be reached.
-        close() does not wait for a template that is starting: it closes its channel."""
-        key = (python, json.dumps({"env": template_env(env)}, sort_keys=True))
-        with self._template_lock:
-            with self._state_lock:
-                if key in self._templates:
-                    return self._templates[key][1]
-                if len(self._templates) >= MAX_TEMPLATES or self.closed:
-                    return ""
-            # A host that cannot be reached fails here as its worker would (SpawnError),
-            # and nothing is noted: the next worker tries again.
-            channel = self.start(f"exec {shlex.quote(python)} -c {shlex.quote(TEMPLATE_BOOT)}",
-                                 (key[1] + "\n").encode("utf-8"))
-            with self._state_lock:
-                closed = self.closed
-                self._starting = None if closed else channel
-            path = "" if closed else _first_line(channel, TEMPLATE_READY_S)
-            with self._state_lock:
-                self._starting = None
-                if self.closed or not path.startswith("/"):
-                    # closed, failed, does not fork here, or too slow: workers are exec'd
-                    channel.close()
-                    self._templates[key] = (None, "")
-                else:
-                    self._templates[key] = (channel, path)
-                return self._templates[key][1]
-
-    def close(self) -> None:
-        with self._state_lock:
-            self.closed = True
-            templates, self._templates = list(self._templates.values()), {}
-            if self._starting is not None:
-                templates.append((self._starting, ""))
-            clients, self.clients = self.clients, []
-        for channel, _ in templates:
-            if channel is not None:
-                channel.close()  # the template ends with its channel, its workers with it
-        for client in clients:
-            client.close()
-
-    def _add(self, client: paramiko.SSHClient) -> None:
-        with self._state_lock:
-            if not self.closed:
-                self.clients.append(client)
-                return
-        client.close()
-        raise SpawnError("the SSH launcher was closed")
-
-    def _drop(self, client: paramiko.SSHClient) -> None:
-        with self._state_lock:
-            if client in self.clients:
-                self.clients.remove(client)
-        client.close()
-
-    def _open_channel(self) -> paramiko.Channel | None:
-        """A session channel on an existing live connection; None if there is none."""
-        with self._state_lock:
-            clients = list(self.clients)
-        for client in clients:
-            transport = client.get_transport()
-            if transport is None or not transport.is_active():
-                self._drop(client)
-                continue
-            try:
-                return transport.open_session(timeout=self.settings.connect_timeout)
-            except paramiko.ChannelException:
-                continue  # MaxSessions reached on this connection
-            except (paramiko.SSHException, OSError, EOFError):
-                self._drop(client)
-        return None
 
 
 class SSHLauncher:
@@ -176,9 +54,10 @@ class SSHLauncher:
 
     def __init__(self, settings: SSHSettings | None = None) -> None:
         self.settings = settings or SSHSettings()
-        self._paramiko_quieted = _quiet_paramiko()  # until close(): the process may be the user's
+        self._paramiko_quieted = False  # from the first host until close(): the process
+        # may be the user's
         self._config: paramiko.SSHConfig | None = None
-        self._hosts: dict[str, _HostConnections] = {}
+        self._hosts: dict[str, HostConnections] = {}
         self._closed = False
         # Own threads for connects: slow hosts must not starve the loop's default executor.
         self._executor = ThreadPoolExecutor(max_workers=MAX_CONNECT_THREADS,
@@ -208,7 +87,7 @@ class SSHLauncher:
         return SSHProcess(channel, host, env.get(protocol.ENV_WORKER_ID, ""), self._executor,
                           pid_file=str(spec.get("pid_file", "")))
 
-    def _start(self, connections: _HostConnections, spec: dict[str, object],
+    def _start(self, connections: HostConnections, spec: dict[str, object],
                forks: bool) -> paramiko.Channel:
         """Blocking: the worker's channel, its host's template (if any) started first."""
         if forks:
@@ -224,6 +103,59 @@ class SSHLauncher:
         payload = (json.dumps(spec) + "\n").encode("utf-8")
         return connections.start(remote_command(self.settings.python), payload)
 
+    async def detach(self, host: str, command: Sequence[str], env: Mapping[str, str],
+                     cwd: Path, log_name: str) -> tuple[int, str | None]:
+        """Starts `command` on `host` in a session of its own that outlives this launcher
+        (bootstrap.py's detach), its output appended to `log_name` in its $TMPDIR.
+        Its pid, and this machine's address on the connection to the host (None: unknown).
+        SpawnError (one line) when it cannot be started."""
+        spec = {"command": list(command), "env": dict(env), "cwd": str(cwd),
+                "detach": log_name}
+        line, error, address = await self._answer(
+            host, remote_command(self.settings.python), (json.dumps(spec) + "\n").encode(),
+            ANSWER_S)
+        words = line.split()
+        if len(words) != 2 or words[0] != "started" or not words[1].isdigit():
+            raise SpawnError(f"cannot start {command[0]} on host {host} over SSH: "
+                             f"{error or line or 'no answer'}")
+        return int(words[1]), address
+
+    async def kill_session(self, host: str, pid: int, after: float) -> None:
+        """SIGKILLs the session `pid` leads on `host` once `pid` has exited or `after`
+        seconds have passed (a detached command that did not end by itself). Bounded;
+        a host that cannot be reached is left as it is."""
+        ticks = max(0, int(after * 10))
+        script = (f"i=0; while kill -0 {pid} 2>/dev/null && [ $i -lt {ticks} ]; do "
+                  f"sleep 0.1; i=$((i+1)); done; kill -KILL -- -{pid} 2>/dev/null; echo done")
+        try:
+            await self._answer(host, script, b"", after + self.settings.connect_timeout)
+        except SpawnError as exc:
+            log.warning("cannot stop process %d on host %s: %s", pid, host, exc)
+
+    async def local_address(self, host: str) -> str | None:
+        """This machine's address on its SSH connection to `host` (connecting if needed)."""
+        return (await self._answer(host, "true", b"", self.settings.connect_total))[2]
+
+    async def _answer(self, host: str, remote: str, payload: bytes,
+                      timeout: float) -> tuple[str, str, str | None]:
+        """Runs `remote` with `payload` on its stdin: its first line of output, its error
+        output's first line, and this machine's address on the connection."""
+        if self._closed:
+            raise SpawnError(f"cannot reach host {host}: the SSH launcher is closed")
+        connections = self._connections(host)
+
+        def run() -> tuple[str, str, str | None]:
+            channel = connections.start(remote, payload)
+            try:
+                line = first_line(channel, timeout)
+                error = channel.recv_stderr(4096).decode("utf-8", "replace") \
+                    if not line and channel.recv_stderr_ready() else ""
+                return line, " ".join(error.split()), _local_address(channel)
+            finally:
+                channel.close()
+
+        return await asyncio.get_running_loop().run_in_executor(self._executor, run)
+
     async def close(self) -> None:
         """Closes every connection; remote workers still running are killed by their bootstrap."""
         self._closed = True
@@ -235,14 +167,16 @@ class SSHLauncher:
             logging.getLogger("paramiko").setLevel(logging.NOTSET)
             self._paramiko_quieted = False
 
-    def _connections(self, host: str) -> _HostConnections:
+    def _connections(self, host: str) -> HostConnections:
         connections = self._hosts.get(host)
         if connections is None:
+            if not self._paramiko_quieted:
+                self._paramiko_quieted = _quiet_paramiko()
             try:
                 target = _resolve(host, self.settings, self._ssh_config())
             except SpawnError as exc:
                 raise SpawnError(f"cannot reach host {host} over SSH: {exc}") from None
-            connections = self._hosts[host] = _HostConnections(target, self.settings)
+            connections = self._hosts[host] = HostConnections(target, self.settings)
         return connections
 
     def _ssh_config(self) -> paramiko.SSHConfig:
@@ -261,29 +195,16 @@ def _quiet_paramiko() -> bool:
     return False
 
 
-def _first_line(channel: paramiko.Channel, timeout: float) -> str:
-    """The first line the channel's command prints, within `timeout` ("" if none)."""
-    deadline = time.monotonic() + timeout
-    data = b""
+def _local_address(channel: paramiko.Channel) -> str | None:
+    """This machine's address on the channel's connection (None: not a plain socket)."""
+    getsockname = getattr(getattr(channel.get_transport(), "sock", None), "getsockname", None)
     try:
-        while b"\n" not in data:
-            channel.settimeout(max(0.01, deadline - time.monotonic()))
-            chunk = channel.recv(4096)
-            if not chunk or time.monotonic() > deadline:
-                return ""
-            data += chunk
-    except (TimeoutError, OSError, EOFError, paramiko.SSHException):
-        return ""
-    channel.settimeout(None)
-    return data.split(b"\n", 1)[0].decode("utf-8", "replace").strip()
+        return str(getsockname()[0]) if getsockname is not None else None
+    except OSError:
+        return None
 
 
 def _close_channel(future: asyncio.Future[paramiko.Channel]) -> None:
     """For a spawn cancelled while its channel was being opened."""
     if not future.cancelled() and future.exception() is None:
         future.result().close()
-
-
-def plugin(options: LaunchOptions) -> SSHLauncher:
-    no_arg(options, "ssh")
-    return SSHLauncher(SSHSettings.from_config(options.config))

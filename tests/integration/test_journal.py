@@ -60,11 +60,11 @@ def test_resume_needs_a_state_dir_and_workers_that_outlive_their_driver(tmp_path
     assert alone.returncode == 2 and alone.error_lines() == [
         "elasticrun: error: --resume needs --state-dir DIR: the directory of the journal the "
         "job's first driver kept"]
-    ssh = run_job(["-np", "1", "--launcher", "ssh", "-H", "node1:1", "--resume",
-                   "--state-dir", str(tmp_path / "s"), PYTHON, "-c", "pass"])
-    assert ssh.returncode == 2 and ssh.error_lines() == [
-        "elasticrun: error: --resume takes back workers that outlive their driver: local ones "
-        "(--launcher local or auto) and those under elasticrun agents; --launcher ssh's "
+    slurm = run_job(["-np", "1", "--launcher", "slurm", "-H", "node1:1", "--resume",
+                     "--state-dir", str(tmp_path / "s"), PYTHON, "-c", "pass"])
+    assert slurm.returncode == 2 and slurm.error_lines() == [
+        "elasticrun: error: --resume takes back workers that outlive their driver: those of "
+        "--launcher local, ssh or auto and those under elasticrun agents; --launcher slurm's "
         "workers end with it, so there would be nothing to take back"]
 
 

@@ -20,6 +20,7 @@ from elasticrun.launch.local_agents import LocalAgents
 from elasticrun.launch.plugins import ENTRY_POINT_GROUP, available, load_launcher
 from elasticrun.launch.slurm import SlurmLauncher, srun_command, step_env
 from elasticrun.launch.ssh import SSHLauncher
+from elasticrun.launch.ssh_agents import SSHAgents
 from tests.unit.test_config_cli import config as cli_config
 
 BUILTINS = {"auto": AutoLauncher, "local": LocalLauncher, "ssh": SSHLauncher,
@@ -43,8 +44,10 @@ def one_line_error(spec: str, cfg: DriverConfig | None = None) -> str:
 
 def test_builtins_are_registered_as_entry_points() -> None:
     values = {ep.name: ep.value for ep in plugins.entry_points(group=ENTRY_POINT_GROUP)}
-    # "local" chooses between plain subprocesses and, with --state-dir, the job's own agents
-    modules = {**{name: name for name in BUILTINS}, "local": "local_agents"}
+    # "local" and "ssh" choose between plain workers and, with --state-dir, the job's own
+    # agents
+    modules = {**{name: name for name in BUILTINS}, "local": "local_agents",
+               "ssh": "ssh_agents"}
     for name in BUILTINS:
         assert values[name] == f"elasticrun.launch.{modules[name]}:plugin", values[name]
     assert set(BUILTINS) <= set(available())
@@ -180,27 +183,40 @@ def test_srun_runs_one_task_on_its_node_and_keeps_the_environment_off_the_comman
     assert "SLURM_NTASKS" not in env  # sbatch's task count would contradict --ntasks=1
 
 
-@pytest.mark.parametrize("name", ["local", "auto"])
-async def test_with_a_state_dir_local_workers_run_under_the_jobs_own_agents(
+@pytest.mark.parametrize("name", ["local", "ssh", "auto"])
+async def test_with_a_state_dir_workers_run_under_the_jobs_own_agents(
         name: str, tmp_path: Path) -> None:
     """So that they outlive a killed driver (--resume takes them back); the agents' token is
-    the job's own, 0600 beside the journal."""
+    the job's own, 0600 beside the journal. Without --state-dir, workers end with it."""
+    host = "node1" if name == "ssh" else "localhost"
     parts = build_parts(config(launcher=name, state_dir=tmp_path / "state"))
     try:
         assert parts.agents is not None
-        local = parts.launcher if name == "local" else parts.launcher._local  # noqa: SLF001
-        assert isinstance(local, LocalAgents)
+        if name == "auto":
+            launchers = [parts.launcher._local, parts.launcher._remote]  # noqa: SLF001
+        else:
+            launchers = [parts.launcher]
+        assert {type(one) for one in launchers} == \
+            {LocalAgents, SSHAgents} if name == "auto" else \
+            {LocalAgents if name == "local" else SSHAgents}
         token = tmp_path / "state" / "agent-token"
         assert (token.stat().st_mode & 0o777) == 0o600
         assert parts.agents.token == token.read_text().strip()
-        assert parts.launcher.outlives_driver("localhost")  # type: ignore[attr-defined]
-        if name == "auto":  # an SSH host's workers end with their driver's connection
-            assert not parts.launcher.outlives_driver("node1")  # type: ignore[attr-defined]
+        assert parts.launcher.outlives_driver(host)  # type: ignore[attr-defined]
+        if name == "auto":
+            assert parts.launcher.outlives_driver("node1")  # type: ignore[attr-defined]
     finally:
         await parts.launcher.close()
     again = build_parts(config(launcher=name, state_dir=tmp_path / "state"))
     assert again.agents is not None and again.agents.token == parts.agents.token  # resumable
+    await again.launcher.close()
     plain = build_parts(config(launcher=name))
-    assert plain.agents is None
-    assert isinstance(plain.launcher if name == "local" else plain.launcher._local,  # noqa: SLF001
-                      LocalLauncher)
+    try:
+        assert plain.agents is None
+        assert not getattr(plain.launcher, "outlives_driver", lambda host: False)(host)
+        if name == "auto":
+            assert not plain.launcher.outlives_driver("node1")  # type: ignore[attr-defined]
+            assert isinstance(plain.launcher._local, LocalLauncher)  # noqa: SLF001
+            assert isinstance(plain.launcher._remote, SSHLauncher)  # noqa: SLF001
+    finally:
+        await plain.launcher.close()
