@@ -8,8 +8,10 @@ when the bound passes:
   restart, the same processes);
 - members missing at the bound: each is failed as a lost worker is (its host fails, the
   round breaks, the others roll back to their commit), and the usual recovery runs;
-- the round was still forming when the old driver died: it is broken, and a fresh one is
-  cut with the workers that came back.
+- the round was still forming when the old driver died: its members retry their joins
+  against this driver, and if they all join it, it is complete and goes on as above;
+  otherwise, once every live worker is back (or at the bound), it is broken and a fresh
+  one is cut with the workers that came back.
 Workers kept that are not members (standbys that were starting) and did not come back are
 forgotten. Discovery's answers are held meanwhile, and after, until one lists every host a
 live member runs on (or the bound passes): when the driver starts no agent has reconnected,
