@@ -6,7 +6,6 @@ authenticate with a token of the job's own, kept beside the journal (0600).
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import secrets
 from pathlib import Path
@@ -18,6 +17,7 @@ from elasticrun.launch.job_agents import END_WAIT_S, JobAgents
 from elasticrun.launch.local import LocalLauncher
 from elasticrun.launch.plugins import LaunchOptions, no_arg
 from elasticrun.spawning import kill_session, spawn_session
+from elasticrun.state_dir import write_private
 
 TOKEN_FILE = "agent-token"
 
@@ -26,19 +26,14 @@ def job_agent_token(state_dir: Path) -> str:
     """The token the job's local agents use, made on first use (ConfigError: one line)."""
     path = state_dir / TOKEN_FILE
     try:
-        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        if path.exists():
-            token = path.read_text().strip()
-            if token:
-                return token
-        token = secrets.token_hex(32)
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(descriptor, "w") as handle:
-            handle.write(token + "\n")
-        return token
+        token = path.read_text().strip() if path.exists() else ""
     except OSError as exc:
-        raise ConfigError(f"--state-dir {state_dir}: cannot write there: "
+        raise ConfigError(f"--state-dir {state_dir}: cannot read {TOKEN_FILE} there: "
                           f"{exc.strerror or exc}") from None
+    if not token:
+        token = secrets.token_hex(32)
+        write_private(state_dir, TOKEN_FILE, token + "\n")
+    return token
 
 
 class LocalAgents(JobAgents):

@@ -5,11 +5,11 @@ alone resumes the job with the arguments it started with, from the directory it 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
 from elasticrun.errors import ConfigError
+from elasticrun.state_dir import write_private
 
 FILE = "command.json"
 
@@ -19,14 +19,7 @@ def record(directory: Path, argv: Sequence[str], cwd: Path) -> None:
     `directory` (0600: it may name paths, never a secret: those live in files and the
     environment)."""
     kept = [arg for arg in argv if arg != "--resume"]
-    try:
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        descriptor = os.open(directory / FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(descriptor, "w") as handle:
-            json.dump({"argv": kept, "cwd": str(cwd)}, handle)
-    except OSError as exc:
-        raise ConfigError(f"--state-dir {directory}: cannot write there: "
-                          f"{exc.strerror or exc}") from None
+    write_private(directory, FILE, json.dumps({"argv": kept, "cwd": str(cwd)}))
 
 
 def short_resume(argv: Sequence[str]) -> Path | None:

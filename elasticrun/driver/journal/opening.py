@@ -6,7 +6,6 @@ the journal's first snapshot is on disk before any worker starts.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +15,7 @@ from elasticrun.driver.journal import codec
 from elasticrun.driver.journal.files import JournalFiles
 from elasticrun.driver.journal.writer import JournalWriter
 from elasticrun.driver.rounds.state import JobState
-from elasticrun.errors import ConfigError
+from elasticrun.state_dir import write_private
 
 SECRET_FILE = "secret"
 
@@ -42,15 +41,7 @@ async def open_journal(directory: Path, job: JobRecord, secret: str,
     """The journal of a job starting now: ConfigError (one line) if `directory` cannot
     hold it."""
     files = JournalFiles(directory)
-    try:
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        descriptor = os.open(directory / SECRET_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
-                             0o600)
-        with os.fdopen(descriptor, "w") as handle:
-            handle.write(secret)
-    except OSError as exc:
-        raise ConfigError(f"--state-dir {directory}: cannot write there: "
-                          f"{exc.strerror or exc}") from None
+    write_private(directory, SECRET_FILE, secret)
     record = job.to_json()
     writer = JournalWriter(files, lambda: {
         "job": {**record, "written_at": time.time()},
