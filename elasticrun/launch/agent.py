@@ -18,6 +18,10 @@ from elasticrun.timed import within
 START_ACK_S = 15.0  # how long an agent may take to say it started a worker
 
 
+class NoAgent(SpawnError):
+    """No agent connected for the worker's host in time."""
+
+
 class AgentLauncher:
     def __init__(self, hub: AgentHub, connect_timeout: float) -> None:
         self._hub = hub
@@ -26,8 +30,8 @@ class AgentLauncher:
     async def start(self, spec: WorkerSpec) -> AgentProcess:
         link = await self._hub.wait_for(spec.host, self._connect_timeout)
         if link is None:
-            raise SpawnError(f"no elasticrun agent connected for host {spec.host} within "
-                             f"{self._connect_timeout:g}s")
+            raise NoAgent(f"no elasticrun agent connected for host {spec.host} within "
+                          f"{self._connect_timeout:g}s")
         if link.draining:
             raise SpawnError(f"the agent for host {spec.host} is draining")
         process = AgentProcess(spec.worker_id, link.send)

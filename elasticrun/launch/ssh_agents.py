@@ -16,7 +16,9 @@ import re
 from elasticrun import protocol
 from elasticrun.config import DriverConfig
 from elasticrun.errors import SpawnError
+from elasticrun.launch.agent import NoAgent
 from elasticrun.launch.agent_hub import AgentHub
+from elasticrun.launch.agent_process import AgentProcess
 from elasticrun.launch.base import Launcher, WorkerSpec
 from elasticrun.launch.job_agents import END_WAIT_S, JobAgents
 from elasticrun.launch.plugins import LaunchOptions, no_arg
@@ -34,10 +36,23 @@ class SSHAgents(JobAgents):
         self._interface = config.network_interface
         self._ssh: SSHLauncher | None = None  # only jobs with SSH hosts load keys and config
         self._pids: dict[str, int] = {}  # host -> the agent this driver started there
+        self._urls: dict[str, str] = {}  # host -> the driver's URL its agent dials
+        self._connected: set[str] = set()  # hosts whose agent this driver heard from
+
+    async def start(self, spec: WorkerSpec) -> AgentProcess:
+        try:
+            process = await super().start(spec)
+            self._connected.add(spec.host)
+            return process
+        except NoAgent as exc:  # started, but it cannot reach the driver, or died
+            raise SpawnError(f"{exc}: the agent started there over SSH dials "
+                             f"{self._urls.get(spec.host, '?')}; its log on that host: "
+                             f"$TMPDIR/{self._log_name(spec.host)}") from None
 
     async def _start_agent(self, spec: WorkerSpec) -> None:
         ssh = self._launcher()
         old = self._pids.pop(spec.host, None)
+        self._connected.discard(spec.host)
         if old is not None:  # it never connected, or it is gone: one agent per host
             await ssh.kill_session(spec.host, old, 0.0)
         address = interface_address(self._interface) if self._interface else None
@@ -47,18 +62,24 @@ class SSHAgents(JobAgents):
             raise SpawnError(f"cannot tell which address of this machine host {spec.host} "
                              f"reaches: set --network-interface")
         host_part = f"[{address}]" if ":" in address else address
-        command = self.agent_command(f"http://{host_part}:{self.port}", spec.host,
-                                     self._settings.python)
+        url = self._urls[spec.host] = f"http://{host_part}:{self.port}"
+        command = self.agent_command(url, spec.host, self._settings.python)
         env = {**spec.launcher_env, protocol.ENV_AGENT_TOKEN: self._hub.token}
-        name = re.sub(r"[^A-Za-z0-9._-]", "_", f"{self._hub.job_id or 'job'}-{spec.host}")
-        self._pids[spec.host], _ = await ssh.detach(
-            spec.host, command, env, spec.cwd, f"elasticrun-agent-{name}.log")
+        self._pids[spec.host], _ = await ssh.detach(spec.host, command, env, spec.cwd,
+                                                    self._log_name(spec.host))
+
+    def _log_name(self, host: str) -> str:
+        name = re.sub(r"[^A-Za-z0-9._-]", "_", f"{self._hub.job_id or 'job'}-{host}")
+        return f"elasticrun-agent-{name}.log"
 
     async def close(self) -> None:
         if self._ssh is None:
             return
         ssh = self._ssh
-        await asyncio.gather(*(ssh.kill_session(host, pid, END_WAIT_S)
+        # an agent that connected was told to end (the hub's End) and gets a moment;
+        # one that never did has nobody to hear from, and is killed at once
+        await asyncio.gather(*(ssh.kill_session(host, pid, END_WAIT_S
+                                                if host in self._connected else 0.0)
                                for host, pid in self._pids.items()))
         await ssh.close()
 

@@ -143,3 +143,23 @@ def test_nothing_is_left_on_the_ssh_hosts(cluster: Cluster, tmp_path: Path, tags
     left = cluster.wait_for_no_strays(within=3.0 + 20.0)
     assert not left, f"left on the hosts after the driver's {how}: {left}"
     assert_no_orphans(tag, within=5.0)
+
+
+def test_an_agent_that_cannot_reach_the_driver_is_named(cluster: Cluster, tmp_path: Path,
+                                                         tags: list[str]) -> None:
+    """The driver listens on loopback only: the agent started on the SSH host cannot dial
+    it back. The job fails in one line per host naming the address the agent dials and
+    where its log is, and leaves nothing behind."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    env, tag = job_env({**train_env(cluster), "LOG_DIR": str(logs), "TMPDIR": str(tmp_path)})
+    tags.append(tag)
+    args = ["-H", f"{H1}:1", "--state-dir", str(tmp_path / "state"), "--bind", "127.0.0.1",
+            "--start-timeout", "4", "--discovery-interval", "0.2", *TRAIN]
+    result = subprocess.run(cluster.elasticrun(args), env=env, cwd=logs, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode != 0
+    assert f"no elasticrun agent connected for host {H1} within 4s: the agent started there " \
+           f"over SSH dials http://10.77.0.2:" in result.stderr, result.stderr[-3000:]
+    assert "$TMPDIR/elasticrun-agent-" in result.stderr
+    assert "Traceback" not in result.stderr
