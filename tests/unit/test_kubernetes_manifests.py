@@ -1,16 +1,22 @@
 """examples/kubernetes, checked without a cluster: every document parses; every container
 command whose program is elasticrun parses with elasticrun's own command line (after
-Kubernetes' $(VAR) substitution), the driver's on through build_config and build_parts; and
-the names the pieces share agree: the Service, ports, the Secret and its mount, probes,
-labels and selectors, replica counts, grace periods."""
+Kubernetes' $(VAR) substitution, and a real `sh -c` where the command goes through one), the
+driver's on through build_config and build_parts; the names the pieces share agree: the
+Service, ports, the Secret and its mount, probes, labels and selectors, replica counts, grace
+periods; and the driver restarts in place: --resume exactly when its journal exists, its
+--state-dir on a volume of its own pod."""
 
 from __future__ import annotations
 
 import base64
 import contextlib
 import functools
+import json
 import os
 import re
+import subprocess
+import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -24,6 +30,7 @@ from elasticrun.agent.cli import agent_command, agent_settings
 from elasticrun.agent.runner import AgentSettings
 from elasticrun.cli import cli
 from elasticrun.config import DriverConfig
+from elasticrun.driver.journal.files import NAME as JOURNAL
 from elasticrun.errors import ConfigError
 from elasticrun.job_config import build_config, build_parts
 from elasticrun.tokens import MIN_TOKEN_LENGTH
@@ -39,6 +46,9 @@ FIELD_VALUES = {"metadata.namespace": "default", "status.podIP": "10.0.0.7",
                 "spec.nodeName": "node-1", "status.hostIP": "10.0.0.1"}
 # Options of the driver's CLI that cli() handles itself instead of passing to build_config.
 CLI_ONLY = ("verbose", "log_level", "timeline_filename", "timeline_mark_cycles")
+SHELLS = ("sh", "bash", "dash")
+# The kubelet restarts a crashed container after 10 s, doubling with each crash, at most 300 s.
+RESTART_BACKOFF_S, RESTART_BACKOFF_MAX_S = 10.0, 300.0
 
 
 # --- the documents -------------------------------------------------------------------------
@@ -124,12 +134,15 @@ class Box:
         return [VAR.sub(lambda m: "$" if m.group(0) == "$$" else env[m.group(1)], w)
                 for w in words]
 
-    def elasticrun_args(self, expand: bool = True) -> list[str] | None:
+    def elasticrun_args(self, expand: bool = True, journal: bool = False) -> list[str] | None:
         """What follows the program when it is `elasticrun` or `python -m elasticrun`
-        (expand=False: with $(VAR) as written)."""
+        (expand=False: with $(VAR) as written), also when `sh -c` runs it (journal: with
+        a journal in the command's --state-dir, as after a restart)."""
         words = self.argv() if expand else \
             [str(w) for w in [*self.container.get("command", []),
                               *self.container.get("args", [])]]
+        if len(words) >= 3 and PurePosixPath(words[0]).name in SHELLS and words[1] == "-c":
+            words = list(through_shell(tuple(words), journal))
         if words and PurePosixPath(words[0]).name == "elasticrun":
             return words[1:]
         if len(words) >= 3 and PurePosixPath(words[0]).name.startswith("python") \
@@ -154,6 +167,40 @@ class Box:
         assert named, f"{self.where}: no containerPort named {ref!r} (it has {ports})"
         port: int = named[0]
         return port
+
+
+def state_dir_of(words: tuple[str, ...]) -> str | None:
+    for i, word in enumerate(words):
+        if word == "--state-dir" and i + 1 < len(words):
+            return words[i + 1]
+        if word.startswith("--state-dir="):
+            return word.split("=", 1)[1]
+    return None
+
+
+@functools.cache
+def through_shell(words: tuple[str, ...], journal: bool) -> tuple[str, ...]:
+    """What `sh -c SCRIPT NAME ARGS...` runs, by a real shell: the programs it may exec are
+    stubs that print their arguments; the command's --state-dir is moved to a temporary
+    directory (holding a journal or not), and back in what comes out."""
+    state = state_dir_of(words)
+    with tempfile.TemporaryDirectory() as tmp:
+        stubs, moved = Path(tmp, "bin"), Path(tmp, "state")
+        stubs.mkdir()
+        moved.mkdir()
+        if journal:
+            (moved / JOURNAL).write_text("{}")
+        for name in ("elasticrun", "python", "python3"):
+            (stubs / name).write_text(f"#!{sys.executable}\n"
+                                      "import json, sys\nprint(json.dumps(sys.argv))\n")
+            (stubs / name).chmod(0o755)
+        run = [w.replace(state, str(moved)) for w in words] if state else list(words)
+        done = subprocess.run(run, env={"PATH": f"{stubs}:/usr/bin:/bin"}, text=True,
+                              capture_output=True, timeout=30, check=False)
+    assert done.returncode == 0, f"{list(words)} failed ({done.returncode}): {done.stderr}"
+    argv = json.loads(done.stdout)
+    argv[0] = PurePosixPath(argv[0]).name
+    return tuple(a.replace(str(moved), state) for a in argv) if state else tuple(argv)
 
 
 def boxes() -> list[Box]:
@@ -262,10 +309,12 @@ def refused_says_where(box: Box, args: list[str]) -> Iterator[None]:
         pytest.fail(f"{box.where}: elasticrun refuses {args}: {exc}")
 
 
-def parse_driver(box: Box, tmp: Path, env: pytest.MonkeyPatch) -> tuple[Doc, DriverConfig]:
+def parse_driver(box: Box, tmp: Path, env: pytest.MonkeyPatch,
+                 journal: bool = False) -> tuple[Doc, DriverConfig]:
     for name, value in box.env().items():
         env.setenv(name, value)
-    args = materialize(box, box.elasticrun_args() or [], "--agent-token-file", tmp)
+    args = materialize(box, box.elasticrun_args(journal=journal) or [], "--agent-token-file",
+                       tmp)
     with refused_says_where(box, args):
         context = cli.make_context("elasticrun", list(args), resilient_parsing=False)
         options = dict(context.params)
@@ -368,13 +417,65 @@ def test_the_helpers_see_what_kubernetes_would_run() -> None:
         is None
 
 
-def test_the_driver_is_a_job_that_runs_once() -> None:
+def test_the_driver_is_one_job_whose_container_restarts_in_place() -> None:
     box = the_driver()
+    spec = box.workload["spec"]
     assert box.workload["kind"] == "Job", f"{box.where}: the driver should be a Job"
-    assert box.pod.get("restartPolicy") == "Never", \
-        f"{box.where}: restartPolicy is {box.pod.get('restartPolicy')!r}, not Never"
-    assert box.workload["spec"].get("backoffLimit") == 0, \
-        f"{box.where}: backoffLimit is {box.workload['spec'].get('backoffLimit')!r}, not 0"
+    assert box.pod.get("restartPolicy") == "OnFailure", \
+        f"{box.where}: restartPolicy is {box.pod.get('restartPolicy')!r}, not OnFailure " \
+        f"(a killed driver's container should restart in place, in the same pod)"
+    assert spec.get("backoffLimit", 6) >= 1, \
+        f"{box.where}: backoffLimit {spec.get('backoffLimit')} allows no restart"
+    assert spec.get("parallelism", 1) == 1 and spec.get("completions", 1) == 1, \
+        f"{box.where}: one driver at a time, please: {spec}"
+
+
+def test_the_driver_resumes_exactly_when_its_journal_exists(
+        tmp_path: Path, pod_env: pytest.MonkeyPatch) -> None:
+    box = the_driver()
+    first, again = box.elasticrun_args(), box.elasticrun_args(journal=True)
+    assert first is not None and again is not None
+    assert "--resume" not in first, f"{box.where}: a first start (no journal) runs {first}"
+    assert [w for w in again if w != "--resume"] == first and "--resume" in again, \
+        f"{box.where}: a restart (a journal in --state-dir) runs {again}, not the same " \
+        f"command line plus --resume"
+    options, config = parse_driver(box, tmp_path, pod_env, journal=True)
+    assert config.resume and config.state_dir == Path(flag(box, "--state-dir")), options
+
+
+def test_the_journal_is_on_a_volume_of_the_drivers_pod_alone() -> None:
+    box = the_driver()
+    state = PurePosixPath(flag(box, "--state-dir"))
+    mounts = [m for m in box.container.get("volumeMounts", [])
+              if state.is_relative_to(m["mountPath"])]
+    assert mounts, f"{box.where}: --state-dir {state} is under none of its volumeMounts: " \
+                   f"the journal would go with the container"
+    mount = max(mounts, key=lambda m: len(m["mountPath"]))
+    assert not mount.get("readOnly"), f"{box.where}: {mount['mountPath']} is readOnly"
+    volume = next(v for v in box.pod.get("volumes", []) if v["name"] == mount["name"])
+    assert {"emptyDir", "persistentVolumeClaim"} & volume.keys(), \
+        f"{box.where}: the journal's volume {volume} is no emptyDir or PersistentVolumeClaim"
+    claim = volume.get("persistentVolumeClaim", {}).get("claimName")
+    others = [other.where for other in boxes() if other.workload is not box.workload
+              and any(v.get("persistentVolumeClaim", {}).get("claimName") == claim
+                      for v in other.pod.get("volumes", []))]
+    assert claim is None or not others, \
+        f"{box.where}: the journal holds the job's secret, but {others} mount its claim too"
+
+
+def test_the_grace_periods_outlast_a_driver_restart(tmp_path: Path,
+                                                   pod_env: pytest.MonkeyPatch) -> None:
+    """The workers (the driver's --driver-grace) and their agents (theirs) wait for the
+    driver longer than the kubelet waits to restart it, even at the last restart allowed."""
+    driver, agents = the_driver(), the_agents()
+    _, config = parse_driver(driver, tmp_path, pod_env)
+    _, settings = parse_agent(agents, tmp_path, pod_env)
+    restarts = driver.workload["spec"].get("backoffLimit", 6)
+    backoff = min(RESTART_BACKOFF_S * 2 ** (restarts - 1), RESTART_BACKOFF_MAX_S)
+    for who, grace in ((driver.where, config.driver_timeout),
+                       (agents.where, settings.driver_grace)):
+        assert grace > backoff, f"{who}: --driver-grace {grace:g} s does not outlast the " \
+                                f"kubelet's back-off ({backoff:g} s) before restart {restarts}"
 
 
 def test_the_agents_dial_the_drivers_service_and_port() -> None:
