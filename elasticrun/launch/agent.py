@@ -12,10 +12,14 @@ from elasticrun.launch import agent_wire as wire
 from elasticrun.launch.agent_hub import AgentHub
 from elasticrun.launch.agent_process import AgentProcess
 from elasticrun.launch.base import WorkerSpec
+from elasticrun.launch.forked import READY_TIMEOUT_S
 from elasticrun.launch.plugins import LaunchOptions, no_arg
 from elasticrun.timed import within
 
-START_ACK_S = 15.0  # how long an agent may take to say it started a worker
+# How long an agent may take to say it started a worker: its host's first one waits for the
+# host's worker template to import torch (up to READY_TIMEOUT_S on a loaded host; then the
+# worker is exec'd instead), and the start itself.
+START_ACK_S = READY_TIMEOUT_S + 15.0
 
 
 class NoAgent(SpawnError):

@@ -107,6 +107,8 @@ class _Template:
         self._sock = sock
         loop = asyncio.get_running_loop()
         self.ready: asyncio.Future[None] = loop.create_future()
+        # retrieved here too: a start that stopped waiting (cancelled) leaves none to see it
+        self.ready.add_done_callback(lambda done: done.cancelled() or done.exception())
         self._answers: collections.deque[asyncio.Future[dict[str, int]]] = collections.deque()
         self._exits: dict[int, asyncio.Future[int]] = {}
         self.closed = False
