@@ -9,9 +9,9 @@ when the bound passes:
 - members missing at the bound: each is failed as a lost worker is (its host fails, the
   round breaks, the others roll back to their commit), and the usual recovery runs;
 - the round was still forming when the old driver died: its members retry their joins
-  against this driver, and if they all join it, it is complete and goes on as above;
-  otherwise, once every live worker is back (or at the bound), it is broken and a fresh
-  one is cut with the workers that came back.
+  against this driver, and if those complete it before who is back is decided, it goes
+  on as above; otherwise, once every live worker is back (or at the bound), it is broken
+  and a fresh one is cut with the workers that came back.
 Workers kept that are not members (standbys that were starting) and did not come back are
 forgotten. Discovery's answers are held meanwhile, and after, until one lists every host a
 live member runs on (or the bound passes): when the driver starts no agent has reconnected,
@@ -19,6 +19,8 @@ and agents come back one by one; a list without them must not read as their host
 """
 
 from __future__ import annotations
+
+from collections import deque
 
 from elasticrun.driver.rounds import cutting
 from elasticrun.driver.rounds.events import JobResumed, TimerKind
@@ -30,7 +32,11 @@ from elasticrun.driver.rounds.step import Step
 def started(step: Step, event: JobResumed) -> dict[str, int] | None:
     state = step.state
     expected = _kept(state)
-    state.resume = Resume(event.epoch, step.now, len(expected), lost=set(event.lost) & expected)
+    lost = set(event.lost) & expected
+    members = state.round.member_ids if state.round is not None else set()
+    state.resume = Resume(event.epoch, step.now, len(expected), lost=lost,
+                          awaited=deque(sorted(expected - lost)),
+                          members_awaited=set(members))
     step.timer(TimerKind.RESUME_BOUND, step.now + event.bound_s)
     step.log("info", f"driver restarted (epoch {event.epoch}): waiting up to "
                      f"{event.bound_s:g}s for {len(expected)} worker(s) to come back")
@@ -49,9 +55,14 @@ def takes_back(state: JobState, worker_id: str, host: str) -> bool:
 
 def back(step: Step, worker_id: str) -> dict[str, int] | None:
     resume = step.state.resume
-    if resume is None or resume.decided or worker_id not in _kept(step.state):
+    if resume is None or resume.decided or not _is_kept(step.state, worker_id):
         return None
     resume.back.add(worker_id)
+    resume.members_awaited.discard(worker_id)
+    # Only these can settle it before the bound: every member back (the round goes on), or
+    # every worker that can come back (nothing to wait for). Else nothing to decide yet.
+    if resume.members_awaited and not _all_back(step.state, resume):
+        return None
     return _evaluate(step, bound_passed=False)
 
 
@@ -93,6 +104,23 @@ def _kept(state: JobState) -> set[str]:
             if w.alive and w.status is WorkerStatus.RUNNING}
 
 
+def _is_kept(state: JobState, worker_id: str) -> bool:
+    worker = state.workers.get(worker_id)
+    return worker is not None and worker.alive and worker.status is WorkerStatus.RUNNING
+
+
+def _all_back(state: JobState, resume: Resume) -> bool:
+    """Whether every kept worker that can come back has (those not back yet have died
+    meanwhile: a failure while the driver waited). Amortized O(1): each one is dropped from
+    the queue once it is back or dead, and the first one still awaited ends the look."""
+    queue = resume.awaited
+    while queue:
+        if queue[0] not in resume.back and _is_kept(state, queue[0]):
+            return False
+        queue.popleft()
+    return True
+
+
 def _evaluate(step: Step, bound_passed: bool) -> dict[str, int] | None:
     """Decides once it can; returns discovery's held answer then (to be applied), else
     None."""
@@ -101,7 +129,7 @@ def _evaluate(step: Step, bound_passed: bool) -> dict[str, int] | None:
     assert resume is not None
     number = state.round_number
     # Once every worker that can come back has, waiting longer gains nothing.
-    waited = bound_passed or _kept(state) - resume.lost <= resume.back
+    waited = bound_passed or _all_back(state, resume)
     decision = decide(state, {worker: number for worker in resume.back}, waited)
     if isinstance(decision, Refuse):
         step.fail(decision.reason)

@@ -8,7 +8,7 @@ notices and who holds the committed training state all live here, and only the m
 from __future__ import annotations
 
 import enum
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from elasticrun.driver.hosts.registry import HostRegistry
@@ -137,6 +137,10 @@ class Resume:
     lost: set[str] = field(default_factory=set)  # died with the old driver: not waited for
     decided: bool = False  # who is back is settled; discovery may still be catching up
     hosts: dict[str, int] | None = None  # discovery's latest answer, held until it agrees
+    # Not back yet (so that each worker's return costs O(1), not a pass over every worker):
+    # kept workers, less those lost, and the members of the kept round.
+    awaited: deque[str] = field(default_factory=deque)  # in turn; those back are skipped
+    members_awaited: set[str] = field(default_factory=set)
 
 
 @dataclass
