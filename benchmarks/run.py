@@ -34,6 +34,10 @@ liveness    hang detection's cost to the driver at N simulated workers: steady s
 torchft     4 CPU workers, ~1M parameters, one SIGKILLed and one SIGSTOPped (a hang)
             mid-step, against torchft (its Lighthouse, Manager and Gloo group, from PyPI into
             benchmarks/.venv-torchft): failure -> first step after, steps lost, steps/s.
+driver_restart  4 local workers under --state-dir, the driver SIGKILLed and resumed 2 s
+            later: steps trained meanwhile and their rate, resumed driver serving -> all
+            re-adopted, steps lost, exit status; torchrun's agent killed and run again (its
+            workers from their checkpoint); re-adoption at 256 and 1,024 simulated workers.
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ BENCHMARKS = {
     "slurm": "slurm_launch",
     "liveness": "liveness_scale",
     "torchft": "torchft_compare",
+    "driver_restart": "driver_restart",
 }
 
 

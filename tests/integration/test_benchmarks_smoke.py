@@ -163,3 +163,17 @@ def test_recovery_distribution() -> None:
     assert 0 < spread["p50"] <= spread["p99"] <= spread["max"] < 60
     phases = size["summary"]["hang"]["phases"]
     assert all(phases[p] >= 0 for p in ("detection_s", "rendezvous_s", "sync_s"))
+
+
+def test_driver_restart() -> None:
+    """Quick mode: elasticrun alone (2 workers, the driver away 0.5 s), and re-adoption at
+    64 simulated workers."""
+    out, result = run_quick("driver_restart")
+    assert "driver restart:" in out and "re-adoption at scale" in out
+    [trial] = result["trials"]["elasticrun"]
+    assert trial["readopted"] == 2 and trial["exit"] == 0 and trial["rounds"] == 1, trial
+    assert trial["steps_lost"] == 0 and trial["steps_away"] > 0, trial
+    assert 0 <= trial["serving_to_readopted_s"] < trial["relaunch_to_whole_s"] < 60, trial
+    [scale] = result["scale"]["64"]["trials"]
+    assert scale["readopted"] == 64 and scale["exit"] == 0, scale
+    assert 0 <= scale["serving_to_readopted_s"] < scale["relaunch_to_readopted_s"] < 60, scale
