@@ -13,6 +13,7 @@ has not ended within END_WAIT_S is killed.
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 from abc import ABC, abstractmethod
 
@@ -22,6 +23,11 @@ from elasticrun.launch.agent_process import AgentProcess
 from elasticrun.launch.base import WorkerSpec
 
 END_WAIT_S = 10.0  # at the end, how long the agents get to stop their workers and exit
+
+
+def file_safe(text: str) -> str:
+    """`text` (a host name, a job id) as part of a file name."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", text)
 
 
 class JobAgents(ABC):

@@ -6,14 +6,13 @@ authenticate with a token of the job's own, kept beside the journal (0600).
 from __future__ import annotations
 
 import asyncio
-import re
 import secrets
 from pathlib import Path
 
 from elasticrun.errors import ConfigError
 from elasticrun.launch.agent_hub import AgentHub
 from elasticrun.launch.base import Launcher, WorkerSpec
-from elasticrun.launch.job_agents import END_WAIT_S, JobAgents
+from elasticrun.launch.job_agents import END_WAIT_S, JobAgents, file_safe
 from elasticrun.launch.local import LocalLauncher
 from elasticrun.launch.plugins import LaunchOptions, no_arg
 from elasticrun.spawning import kill_session, spawn_session
@@ -50,7 +49,7 @@ class LocalAgents(JobAgents):
         started = self._started.get(spec.host)
         if started is not None and started.returncode is None:
             return  # still connecting
-        name = re.sub(r"[^A-Za-z0-9._-]", "_", spec.host)
+        name = file_safe(spec.host)
         command = self.agent_command(f"http://127.0.0.1:{self.port}", spec.host)
         with open(self._logs / f"agent-{name}.log", "ab") as log:
             self._started[spec.host] = await spawn_session(

@@ -104,21 +104,20 @@ class SSHLauncher:
         return connections.start(remote_command(self.settings.python), payload)
 
     async def detach(self, host: str, command: Sequence[str], env: Mapping[str, str],
-                     cwd: Path, log_name: str) -> tuple[int, str | None]:
+                     cwd: Path, log_name: str) -> int:
         """Starts `command` on `host` in a session of its own that outlives this launcher
         (bootstrap.py's detach), its output appended to `log_name` in its $TMPDIR.
-        Its pid, and this machine's address on the connection to the host (None: unknown).
-        SpawnError (one line) when it cannot be started."""
+        Its pid; SpawnError (one line) when it cannot be started."""
         spec = {"command": list(command), "env": dict(env), "cwd": str(cwd),
                 "detach": log_name}
-        line, error, address = await self._answer(
+        line, error, _ = await self._answer(
             host, remote_command(self.settings.python), (json.dumps(spec) + "\n").encode(),
             ANSWER_S)
         words = line.split()
         if len(words) != 2 or words[0] != "started" or not words[1].isdigit():
             raise SpawnError(f"cannot start {command[0]} on host {host} over SSH: "
                              f"{error or line or 'no answer'}")
-        return int(words[1]), address
+        return int(words[1])
 
     async def kill_session(self, host: str, pid: int, after: float) -> None:
         """SIGKILLs the session `pid` leads on `host` once `pid` has exited or `after`

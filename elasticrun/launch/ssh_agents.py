@@ -11,7 +11,6 @@ host. The workers' output reaches the driver through the agent, as with any agen
 from __future__ import annotations
 
 import asyncio
-import re
 
 from elasticrun import protocol
 from elasticrun.config import DriverConfig
@@ -20,7 +19,7 @@ from elasticrun.launch.agent import NoAgent
 from elasticrun.launch.agent_hub import AgentHub
 from elasticrun.launch.agent_process import AgentProcess
 from elasticrun.launch.base import Launcher, WorkerSpec
-from elasticrun.launch.job_agents import END_WAIT_S, JobAgents
+from elasticrun.launch.job_agents import END_WAIT_S, JobAgents, file_safe
 from elasticrun.launch.plugins import LaunchOptions, no_arg
 from elasticrun.launch.ssh import SSHLauncher, SSHSettings
 from elasticrun.netif import interface_address
@@ -65,12 +64,12 @@ class SSHAgents(JobAgents):
         url = self._urls[spec.host] = f"http://{host_part}:{self.port}"
         command = self.agent_command(url, spec.host, self._settings.python)
         env = {**spec.launcher_env, protocol.ENV_AGENT_TOKEN: self._hub.token}
-        self._pids[spec.host], _ = await ssh.detach(spec.host, command, env, spec.cwd,
-                                                    self._log_name(spec.host))
+        self._pids[spec.host] = await ssh.detach(spec.host, command, env, spec.cwd,
+                                                 self._log_name(spec.host))
 
     def _log_name(self, host: str) -> str:
-        name = re.sub(r"[^A-Za-z0-9._-]", "_", f"{self._hub.job_id or 'job'}-{host}")
-        return f"elasticrun-agent-{name}.log"
+        job = self._hub.job_id or "job"
+        return f"elasticrun-agent-{file_safe(f'{job}-{host}')}.log"
 
     async def close(self) -> None:
         if self._ssh is None:
