@@ -145,17 +145,18 @@ def floor_rows(ours: dict[str, float], floor: dict[str, float]) -> list[list[Any
 
 
 def torchrun_trial(params: float, steps: int, tmp: Path, extra_env: dict[str, str],
-                   slots: int = SLOTS) -> dict[str, Any]:
-    """Two agents of `slots` workers each. A failed or hung job is a result too."""
+                   slots: int = SLOTS, agents: int = 2) -> dict[str, Any]:
+    """`agents` agents of `slots` workers each; the last rank is killed. A failed or hung
+    job is a result too."""
     out = tmp / "tr.jsonl"
     env = {**_training_env(out, params, steps, slots), "BENCH_CHECKPOINT_DIR": str(tmp),
-           **extra_env}
+           "BENCH_KILL_RANK": str(agents * slots - 1), **extra_env}
     port = free_port()
     try:
         with Jobs() as jobs:
-            for is_host in (True, False):
-                jobs.start(torchrun_command(SCRIPTS / "torchrun_train.py", slots, nnodes="2",
-                                            port=port, is_host=is_host,
+            for is_host in [True, *[False] * (agents - 1)]:
+                jobs.start(torchrun_command(SCRIPTS / "torchrun_train.py", slots,
+                                            nnodes=str(agents), port=port, is_host=is_host,
                                             extra=["--max-restarts", "3"]), env)
             jobs.wait(600, "torchrun", progress=out, stall_s=STALL_S)
     except RuntimeError as exc:
@@ -204,9 +205,11 @@ def small_model(trials: int, quick: bool, params: float) -> dict[str, Any]:
 def bench(trials: int, quick: bool) -> dict[str, Any]:
     params, steps = (1e5, 2 * COMMIT_EVERY) if quick else (1e7, 4 * COMMIT_EVERY)
     # Quick mode leaves out torchrun as shipped (it hangs, so it costs a minute each time)
-    # and runs one worker per host: the same paths at half the processes.
+    # and runs one worker per host: the same paths at half the processes; torchrun's side,
+    # most of the smoke test's CPU (every restarted worker imports torch), one agent.
     tools = TOOLS[:2] if quick else TOOLS
     slots = 1 if quick else SLOTS
+    agents = 1 if quick else 2
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in tools}
     for _ in range(trials):  # interleaved, so that drift of the machine hits all
         for name in tools:
@@ -215,7 +218,8 @@ def bench(trials: int, quick: bool) -> dict[str, Any]:
                     runs[name].append(elasticrun_trial(params, steps, Path(tmp), slots=slots))
                 else:
                     extra = TORCHRUN_WORKAROUND if name == "torchrun" else {}
-                    runs[name].append(torchrun_trial(params, steps, Path(tmp), extra, slots))
+                    runs[name].append(torchrun_trial(params, steps, Path(tmp), extra, slots,
+                                                     agents))
     if any("error" in run for run in runs["elasticrun"]):
         raise RuntimeError(f"elasticrun failed to recover: {runs['elasticrun']}")
     medians = {name: summarize(ok) for name, trial in runs.items()
@@ -232,8 +236,8 @@ def bench(trials: int, quick: bool) -> dict[str, Any]:
         slower = "" if name == "elasticrun" else f"{m['resume_s'] / ours['resume_s']:.1f}x"
         rows.append([name, m["resume_s"], slower, m["caught_up_s"], m["steps_lost"], note])
     print_table(
-        f"recovery: {2 * slots} workers, ~{ours['params'] / 1e6:.1f}M parameters, one "
-        f"SIGKILLed; "
+        f"recovery: {2 * slots} workers ({agents * slots} under torchrun), "
+        f"~{ours['params'] / 1e6:.1f}M parameters, one SIGKILLed; "
         f"commit/checkpoint every {COMMIT_EVERY} steps; median of {trials}",
         ["", "resume s", "vs elasticrun", "caught up s", "steps lost", ""], rows)
     floor = floors(ours["anon_mb"], 1 if quick else 3)

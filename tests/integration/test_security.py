@@ -96,14 +96,15 @@ def test_bind_must_be_an_address() -> None:
 
 def test_secret_is_in_no_log_line_event_status_or_command_line(tmp_path: Path) -> None:
     """At DEBUG, through a failure and a new round, with events and /status."""
-    script = write_script(tmp_path / "hosts.sh", "echo localhost:2\necho 127.0.0.1:2\n")
+    # one worker a host: each is exec'd (below), so each imports torch itself
+    script = write_script(tmp_path / "hosts.sh", "echo localhost:1\necho 127.0.0.1:1\n")
     port = free_port()
     events = tmp_path / "events.jsonl"
     logs = tmp_path / "logs"
     logs.mkdir()
     train_env = {"TRAIN_SAMPLES": "64", "TRAIN_EPOCHS": "1000", "TRAIN_STEP_SLEEP": "0.05",
                  "LOG_DIR": str(logs)}
-    proc, tag = start_job(["-np", "4", "--min-np", "2", "-v", "--host-discovery-script",
+    proc, tag = start_job(["-np", "2", "--min-np", "1", "-v", "--host-discovery-script",
                            str(script), "--port", str(port), "--event-log", str(events),
                            # -u: exec'd, not forked from a template (this test reads the
                            # secret from the workers' /proc/PID/environ)
