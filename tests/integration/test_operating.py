@@ -308,8 +308,10 @@ def event_key(tmp_path: Path) -> Iterator[Path]:
     yield path
 
 
-def failing_job(tmp_path: Path, extra: list[str], sleep: float = 0.0) -> Job:
-    env = train_env(tmp_path / "logs", tmp_path / "progress", faults="5:1:sigkill", sleep=sleep)
+def failing_job(tmp_path: Path, extra: list[str], sleep: float = 0.0,
+                stop_file: Path | None = None) -> Job:
+    env = train_env(tmp_path / "logs", tmp_path / "progress", faults="5:1:sigkill", sleep=sleep,
+                    **({"epochs": 1000, "stop_file": stop_file} if stop_file else {}))
     return Job(["-H", "localhost:2,127.0.0.1:2", "--min-np", "2", "--start-timeout", "60",
                 "--event-log", str(tmp_path / "events.jsonl"), *extra, *TRAIN],
                env, tmp_path / "logs", tmp_path / "progress")
@@ -383,7 +385,10 @@ def _second_round_complete(status: dict[str, object]) -> bool:
 
 
 def test_metrics_and_status_match_what_happened(tmp_path: Path) -> None:
-    job = failing_job(tmp_path, [], sleep=0.15)
+    # trains until told: `elasticrun status` below starts a Python of its own, seconds on a
+    # loaded machine, and must find the job still running (it once found it gone)
+    stop = tmp_path / "stop"
+    job = failing_job(tmp_path, [], sleep=0.15, stop_file=stop)
     # complete: every member has joined, so the round's rendezvous time is recorded
     job.wait_until("the second round, complete", lambda: _second_round_complete(job.status()),
                    timeout=90)
@@ -414,6 +419,7 @@ def test_metrics_and_status_match_what_happened(tmp_path: Path) -> None:
     rows = {line.split()[0]: line.split()[1:] for line in lines if line[:1] not in (" ", "j")}
     assert rows["127.0.0.1"] == ["2", "active", "0,1"]
     assert rows["localhost"][:2] == ["2", "blacklisted"]
+    stop.touch()
     job.finish()
 
 
