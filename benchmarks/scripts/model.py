@@ -7,7 +7,8 @@ itself at that step, once), BENCH_TARGET_SIZE / BENCH_STEPS_AT_TARGET (scale-up:
 after that many steps at that world size), BENCH_DEVICE (cpu, or cuda: every worker on
 the current GPU), BENCH_NCCL_HOST_PER_WORKER=1 (each worker its own NCCL host identity, so
 that several ranks can share one GPU over NCCL's sockets), BENCH_PROFILE (rank 0 writes
-torch profiler's tables of steps PROFILE_STEPS to this file).
+torch profiler's tables of steps PROFILE_STEPS to this file, and their trace, for
+chrome://tracing or Perfetto, beside it with ".trace.json" added).
 """
 
 from __future__ import annotations
@@ -90,4 +91,5 @@ class StepProfile:
                 if DEVICE.type == "cuda":
                     file.write(table.table(sort_by="cuda_time_total", row_limit=30) + "\n")
                 file.write(table.table(sort_by="self_cpu_time_total", row_limit=30) + "\n")
+            self.profiler.export_chrome_trace(PROFILE + ".trace.json")
             self.active = False

@@ -105,6 +105,32 @@ def join_serves_cuda_allreduces() -> list[float]:
     return results
 
 
+def commits_read_the_vote_a_step_late(steps: int = 5) -> tuple[list[bool], int]:
+    """Every step committed; rank 1 sees a host-change notice from the third step on. On a
+    GPU a commit reads the vote of the step before its last (the round's first commit, the
+    last step's), so that it does not wait for the GPU: every rank interrupts at the same
+    commit, one step later than on CPUs, without an agreement collective of its own."""
+    from tests.collectives.test_host_vote import _commit, probed
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(),
+                                torch.nn.Linear(16, 4)).cuda()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters())
+    state = hvd.elastic.TorchState(model, optimizer)
+    interrupted = []
+    with probed() as probe:
+        for step in range(steps):
+            probe.notice = hvd.rank() == 1 and step >= 2
+            optimizer.zero_grad()
+            x = torch.randn(4, 8, device="cuda")
+            torch.nn.functional.cross_entropy(model(x), torch.zeros(4, dtype=torch.long,
+                                                                    device="cuda")).backward()
+            optimizer.step()
+            interrupted.append(_commit(state))
+    return interrupted, probe.agreements
+
+
 def _new_round(number: int) -> None:
     """Leaves this rank's round and builds the next one in-process, as a reset does."""
     from elasticrun.torch.world.session import RoundSession

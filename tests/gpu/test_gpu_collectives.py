@@ -39,3 +39,8 @@ def test_distributed_optimizer_and_state(world: GlooWorld) -> None:
 
 def test_join_serves_cuda_allreduces(world: GlooWorld) -> None:
     assert world.run(on_gpu.join_serves_cuda_allreduces) == [[], [2.0, 2.0], [2.0, 2.0]]
+
+
+def test_a_commit_on_the_gpu_reads_the_vote_of_the_step_before(world: GlooWorld) -> None:
+    assert world.run(on_gpu.commits_read_the_vote_a_step_late) == \
+        [([False, False, False, True, True], 0)] * 3
