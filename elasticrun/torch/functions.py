@@ -51,16 +51,18 @@ def broadcast_object(obj: Any = None, root_rank: int = 0, name: str | None = Non
     return obj if _rank() == root_rank else _unpickled(payload)
 
 
-def agreed(value: int) -> bool:
-    """Whether every rank passed the same `value` (one small allreduce)."""
+def agreed(*values: int) -> bool:
+    """Whether every rank passed the same `values` (one small allreduce)."""
     if _size() == 1:
         return True
-    both = torch.tensor([value, -value], dtype=torch.int64)
-    negotiate(Request(Kind.ALLREDUCE, dtypes=(torch.int64,), shapes=((2,),), op="max",
-                      buckets=((2, torch.int64),)))
+    both = torch.tensor([*values, *(-v for v in values)], dtype=torch.int64)
+    count = len(both)
+    negotiate(Request(Kind.ALLREDUCE, dtypes=(torch.int64,), shapes=((count,),), op="max",
+                      buckets=((count, torch.int64),)))
     with collective("comparing the ranks' commits"):
         plane.all_reduce(both, op=dist.ReduceOp.MAX)
-    return int(both[0]) == -int(both[1])
+    highest = both.tolist()
+    return all(highest[i] == -highest[len(values) + i] for i in range(len(values)))
 
 
 def allgather_object(obj: Any, name: str | None = None,

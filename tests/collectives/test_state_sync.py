@@ -70,3 +70,44 @@ def test_a_rank_whose_commit_is_ahead_gets_rank_0s_state() -> None:
     results = world_of(2).run(_syncs, 0)  # rank 0 is the one ahead: its state wins
     assert [counts for counts, _ in results] == [[1, 1, 2]] * 2
     assert results[0][1] == results[1][1]
+
+
+def _after_a_cut_reduction(unsettled: bool) -> tuple[int, list[float]]:
+    """Every rank holds the same commit count, but rank 1's tensors differ, as a reduction
+    cut midway by an NCCL abort leaves them; `unsettled`: such an abort happened (the flag
+    the session sets when it aborts an NCCL group with work maybe in flight)."""
+    from elasticrun.torch.world import groups
+
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    state = er.elastic.TorchState(model, optimizer)
+    state.sync()  # equal everywhere, and synced
+    model(torch.ones(2, 4)).sum().backward()
+    optimizer.step()  # momentum buffers: optimizer state to compare too
+    if er.rank() == 1:
+        with torch.no_grad():
+            model.bias[0] += 0.5  # as far as this rank's reduction got
+    state.save()  # the commit every rank completed (equal counts)
+    real = functions.broadcast_parameters
+    calls = _counting_broadcasts()
+    try:
+        groups._unsettled = unsettled
+        state.sync()
+    finally:
+        functions.broadcast_parameters = real  # type: ignore[assignment]
+        groups._unsettled = False
+    return calls[0], [float(v) for v in torch.cat([p.detach().flatten()
+                                                   for p in model.parameters()])]
+
+
+def test_after_an_nccl_abort_ranks_compare_what_they_hold() -> None:
+    results = world_of(2).run(_after_a_cut_reduction, True)
+    assert [calls for calls, _ in results] == [1, 1]
+    assert results[0][1] == results[1][1]  # rank 0's state everywhere
+
+
+def test_without_an_abort_equal_commits_are_trusted() -> None:
+    results = world_of(2).run(_after_a_cut_reduction, False)
+    assert [calls for calls, _ in results] == [0, 0]  # the counts alone decide: not sent
+    assert results[0][1] != results[1][1]

@@ -258,3 +258,18 @@ def test_the_runtime_asks_the_driver_whether_its_round_broke(
 
 def test_without_a_driver_no_round_is_ever_broken() -> None:
     assert runtime.Runtime().round_broken(within=5.0) is False
+
+
+def test_an_nccl_abort_unsettles_the_device_state_unless_the_work_was_drained() -> None:
+    class NoCommunicator:  # aborting it fails, as for a group never connected
+        pass
+
+    groups.take_unsettled()
+    try:
+        groups.abort_nccl(NoCommunicator(), drained=True)  # type: ignore[arg-type]
+        assert not groups.take_unsettled()  # a clean leave: the reductions completed
+        groups.abort_nccl(NoCommunicator())  # type: ignore[arg-type]
+        assert groups.take_unsettled()  # cut with work maybe in flight: compare at sync
+        assert not groups.take_unsettled()  # once
+    finally:
+        groups.take_unsettled()

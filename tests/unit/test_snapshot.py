@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from elasticrun.torch.elastic.snapshot import Placement, snapshot, snapshot_tensors
+from elasticrun.torch.elastic.snapshot import Placement, fingerprint, snapshot, snapshot_tensors
 from elasticrun.torch.elastic.state import TorchState
 
 
@@ -53,3 +53,20 @@ def test_cpu_state_commits_and_restores_wherever_gpu_copies_would_go(place: str)
 def test_unknown_place_is_refused() -> None:
     with pytest.raises(ValueError, match=r"commit_to='gpu': expected one of auto, device, host"):
         TorchState(torch.nn.Linear(1, 1), commit_to="gpu")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int64,
+                                   torch.uint8, torch.bool, torch.float64])
+def test_a_fingerprint_tells_equal_states_from_different_ones(dtype: torch.dtype) -> None:
+    def state() -> dict[str, object]:
+        return {"model": {"w": torch.arange(7).to(dtype), "one": torch.tensor(1).to(dtype)},
+                "optimizer": {0: {"momentum": torch.ones(3, 2).to(dtype).t(), "step": 3}}}
+
+    same, changed = state(), state()
+    assert fingerprint(state()) == fingerprint(same)
+    changed["model"]["w"][3] = torch.tensor(0).to(dtype)  # type: ignore[index]
+    assert fingerprint(changed) != fingerprint(same)
+    swapped = state()
+    swapped["model"] = {"one": same["model"]["one"], "w": same["model"]["w"]}  # type: ignore[index]
+    assert fingerprint(swapped) != fingerprint(same)  # where a tensor sits counts too
+    assert 0 <= fingerprint(same) < 1 << 62

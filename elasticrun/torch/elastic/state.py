@@ -13,7 +13,13 @@ from typing import Any
 import torch
 
 from elasticrun.torch import functions
-from elasticrun.torch.elastic.snapshot import Placement, snapshot, snapshot_tensors
+from elasticrun.torch.elastic.snapshot import (
+    Placement,
+    fingerprint,
+    snapshot,
+    snapshot_tensors,
+)
+from elasticrun.torch.world import groups
 from elasticrun.worker.elastic import Backend, ObjectState, State
 
 __all__ = ["ObjectState", "TorchState"]  # Horovod's horovod.torch.elastic.state
@@ -98,14 +104,22 @@ class TorchState(State):
         sent when every rank holds the same commit (after a reset that added no one): they
         are equal already."""
         generation = -1 if self._generation is None else self._generation
+        unsettled = groups.take_unsettled()
         if self.model is not None or self.optimizer is not None:
-            # every rank takes part in the check, a rank that never synced too
-            if not functions.agreed(generation) or generation < 0:
+            # Every rank takes part in the check, a rank that never synced too. After an
+            # NCCL group was cut, equal commit counts may hide tensors that differ (a
+            # reduction cut midway): the ranks compare checksums of what they hold too.
+            checksum = fingerprint(self._tensor_states()) if unsettled else 0
+            if not functions.agreed(generation, checksum) or generation < 0:
                 self._broadcast_tensors()
                 generation = 0
         self._generation = generation
         self._sync_objects()
         self.save()
+
+    def _tensor_states(self) -> list[Any]:
+        return [None if self.model is None else self.model.state_dict(),
+                None if self.optimizer is None else self.optimizer.state_dict()["state"]]
 
     def _broadcast_tensors(self) -> None:
         if self.model is not None:

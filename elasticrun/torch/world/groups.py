@@ -24,6 +24,10 @@ from elasticrun.protocol import SlotInfo
 log = logging.getLogger("elasticrun.worker")
 
 _hook_before_groups: Any = None  # sys.excepthook as elasticrun's first group build found it
+# An NCCL group was aborted while its work may still have been queued or running: a
+# reduction cut midway leaves each rank's tensors as far as it got, so ranks whose commit
+# counts agree may still hold different tensors (until the next sync compares them).
+_unsettled = False
 
 
 def init_process_group(slot: SlotInfo, store: dist.Store, timeout: float) -> None:
@@ -65,13 +69,23 @@ def init_nccl_group(device: torch.device | None, timeout: float) -> dist.Process
     return group
 
 
-def abort_nccl(group: dist.ProcessGroup) -> None:
+def abort_nccl(group: dist.ProcessGroup, *, drained: bool = False) -> None:
     """Aborts the group's NCCL communicators: kernels waiting on a dead peer end, and the
-    next use of the group raises. Bounded by the group's timeout inside torch."""
+    next use of the group raises. Bounded by the group's timeout inside torch. Unless
+    `drained` (the device had finished the group's work), the device state is unsettled."""
+    global _unsettled
+    _unsettled = _unsettled or not drained
     try:
         group._get_backend(torch.device("cuda")).abort()
     except Exception as exc:  # already aborted, or never connected: nothing left to cut
         log.debug("aborting the NCCL group failed: %s", exc)
+
+
+def take_unsettled() -> bool:
+    """Whether an NCCL group was aborted with its work maybe in flight since the last call."""
+    global _unsettled
+    unsettled, _unsettled = _unsettled, False
+    return unsettled
 
 
 def agree_on_nccl(wants_nccl: bool) -> bool:

@@ -91,6 +91,7 @@ class RoundSession:
         self._lock = threading.Lock()
         self._sockets: dict[int, str] = {}  # fd -> inode of the group's connections
         self._aborted = False
+        self._drained = False  # a clean leave: the device finished the round's work first
         self._in_flight = InFlight()  # Gloo works issued in this round, maybe running
         self._built = False
 
@@ -195,7 +196,7 @@ class RoundSession:
             self._sockets = {}
             group = self.device_group
         if group is not None:
-            abort_nccl(group)
+            abort_nccl(group, drained=self._drained)
         return count
 
     def leave(self, *, last: bool = False) -> None:
@@ -204,6 +205,11 @@ class RoundSession:
         teardown thread (works.py); `last` with nothing in flight: now, since nothing
         follows and torch 2.13's Gloo threads can abort the process when a group is only
         collected during interpreter teardown."""
+        if self.device_group is not None and not self._aborted:
+            # Leaving whole (a host change, shutdown): every rank leaves at the same point,
+            # so the GPU's queued reductions complete rather than being cut by the abort.
+            torch.cuda.synchronize(self.device)
+            self._drained = not self._aborted
         self.abort()
         gc.collect(1)  # young cycles may still hold the round's works
         groups = [group for group in (default_group(), self.device_group) if group is not None]
