@@ -70,3 +70,9 @@ def test_a_fingerprint_tells_equal_states_from_different_ones(dtype: torch.dtype
     swapped["model"] = {"one": same["model"]["one"], "w": same["model"]["w"]}  # type: ignore[index]
     assert fingerprint(swapped) != fingerprint(same)  # where a tensor sits counts too
     assert 0 <= fingerprint(same) < 1 << 62
+
+
+def test_a_fingerprint_reads_sparse_tensors() -> None:
+    sparse = torch.tensor([[0.0, 2.0], [3.0, 0.0]]).to_sparse()
+    assert fingerprint([sparse]) == fingerprint([sparse.clone()])
+    assert fingerprint([sparse]) != fingerprint([sparse * 2])

@@ -138,6 +138,8 @@ def fingerprint(tree: Any) -> int:
     where it lives (no copy of it), one read of the sums per device."""
     sums: dict[torch.device, list[torch.Tensor]] = {}
     for tensor in _tensors(tree):
+        if tensor.is_sparse:
+            tensor = tensor.to_dense()
         raw = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
         try:
             words = raw.view(torch.int32)

@@ -208,8 +208,11 @@ class RoundSession:
         if self.device_group is not None and not self._aborted:
             # Leaving whole (a host change, shutdown): every rank leaves at the same point,
             # so the GPU's queued reductions complete rather than being cut by the abort.
-            torch.cuda.synchronize(self.device)
-            self._drained = not self._aborted
+            try:
+                torch.cuda.synchronize(self.device)
+                self._drained = not self._aborted
+            except RuntimeError as exc:  # a CUDA error: the abort goes ahead, unsettled
+                log.warning("round %d: the GPU did not finish its work: %s", self.number, exc)
         self.abort()
         gc.collect(1)  # young cycles may still hold the round's works
         groups = [group for group in (default_group(), self.device_group) if group is not None]
