@@ -109,6 +109,8 @@ def job_env(extra: dict[str, str] | None = None) -> tuple[dict[str, str], str]:
     env[TAG_VAR] = tag
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env.pop("ELASTICRUN_RENDEZVOUS_ADDR", None)
+    # Jobs get elasticrun's own intra-op thread default, whatever this machine exports.
+    env.pop("OMP_NUM_THREADS", None)
     # A worker that dies of SIGABRT/SIGSEGV prints every thread's Python stack: a rare
     # crash in a full run says where it happened (an abort at a worker's exit, once in 7
     # full runs, said nothing).

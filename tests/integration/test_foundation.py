@@ -215,7 +215,12 @@ def test_ranks_and_environment_follow_host_list(optimizer_job: JobResult) -> Non
         assert env["HOROVOD_HOSTNAME"] == expected_host[rank], env
         assert env["HOROVOD_ELASTIC"] == "1", env
         masters.add((env["MASTER_ADDR"], env["MASTER_PORT"]))
+        # Two workers a host and OMP_NUM_THREADS not set: torchrun's default, one intra-op
+        # thread each (the forked workers' too: their template imported torch with it).
+        assert env["OMP_NUM_THREADS"] == "1" and info["intra_op_threads"] == 1, info
     assert len(masters) == 1, masters  # all ranks agree on rank 0's endpoint
+    said = [line for line in optimizer_job.stderr.splitlines() if "OMP_NUM_THREADS" in line]
+    assert len(said) == 1 and "OMP_NUM_THREADS=1" in said[0], optimizer_job.stderr
 
 
 @ONE_JOB

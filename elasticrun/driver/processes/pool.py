@@ -13,7 +13,12 @@ from pathlib import Path
 
 from elasticrun import protocol
 from elasticrun.driver.processes.output import OutputRouter
-from elasticrun.driver.processes.records import EnvSettings, WorkerProcessRecord, job_env
+from elasticrun.driver.processes.records import (
+    INTRA_OP_THREADS,
+    EnvSettings,
+    WorkerProcessRecord,
+    job_env,
+)
 from elasticrun.driver.rounds.assignment import SlotId
 from elasticrun.launch.base import Launcher, WorkerProcess, WorkerSpec
 from elasticrun.process_view import ProcessState, ProcessView
@@ -57,6 +62,7 @@ class WorkerPool:
         self._rank_of = rank_of
         self._processes: dict[str, WorkerProcessRecord] = {}
         self._stops: set[asyncio.Task[None]] = set()
+        self._threads_told = False
 
     def stderr_tail(self, worker_id: str) -> list[str]:
         record = self._processes.get(worker_id)
@@ -68,6 +74,12 @@ class WorkerPool:
         settings = self._settings
         env = job_env(settings.env_settings, worker_id, info, *master, settings.launcher_env)
         env.update(settings.extra_env)
+        if INTRA_OP_THREADS not in settings.launcher_env and INTRA_OP_THREADS in env \
+                and INTRA_OP_THREADS not in settings.extra_env and not self._threads_told:
+            self._threads_told = True
+            log.warning("%s is not set: workers that share a host get %s=1 each, as under "
+                        "torchrun (set it to give each more threads)", INTRA_OP_THREADS,
+                        INTRA_OP_THREADS)
         env[protocol.ENV_RENDEZVOUS_ADDR] = await self._address_for(slot.host)
         process = await self._launcher.start(WorkerSpec(
             worker_id, slot.host, settings.command, settings.working_dir, env,

@@ -16,6 +16,9 @@ from elasticrun.launch.base import WorkerProcess
 from elasticrun.protocol import SlotInfo
 
 _serial = itertools.count(1)
+# torchrun's default for workers that share a host: one intra-op thread each, unless the
+# user says otherwise (N workers of a thread per core each would overload the host's cores).
+INTRA_OP_THREADS = "OMP_NUM_THREADS"
 
 
 def new_worker_id(slot: SlotId) -> str:
@@ -63,7 +66,8 @@ def job_env(
 ) -> dict[str, str]:
     """What elasticrun sets for one worker: its place, in elasticrun, torchrun and Horovod
     names, and how to reach the driver. The secret travels in the environment, never on a
-    command line."""
+    command line. Like torchrun, one intra-op thread per worker where a host runs several
+    and OMP_NUM_THREADS is not set."""
     env = {
         protocol.ENV_HOSTNAME: info.hostname,
         protocol.ENV_RANK: str(info.rank),
@@ -93,6 +97,8 @@ def job_env(
     env.update(horovod_env(info))
     if settings.gloo_interface and "GLOO_SOCKET_IFNAME" not in inherited:
         env["GLOO_SOCKET_IFNAME"] = settings.gloo_interface
+    if info.local_size > 1 and INTRA_OP_THREADS not in inherited:
+        env[INTRA_OP_THREADS] = "1"
     return env
 
 

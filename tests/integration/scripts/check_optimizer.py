@@ -29,6 +29,7 @@ ENV_NAMES = (
     "ELASTICRUN_RENDEZVOUS_ADDR", "ELASTICRUN_RENDEZVOUS_PORT",
     "HOROVOD_HOSTNAME", "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK",
     "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE", "HOROVOD_ELASTIC",
+    "OMP_NUM_THREADS",
 )
 BATCH = 5
 EXTRA_STEPS = 3
@@ -79,6 +80,7 @@ def main() -> None:
         "rank": rank, "size": er.size(), "local_rank": er.local_rank(),
         "local_size": er.local_size(), "cross_rank": er.cross_rank(),
         "cross_size": er.cross_size(), "env": {name: os.environ.get(name) for name in ENV_NAMES},
+        "intra_op_threads": torch.get_num_threads(),
     }
     print("info " + json.dumps(info, sort_keys=True), flush=True)
     print(f"stderr-check {rank}", file=sys.stderr, flush=True)
