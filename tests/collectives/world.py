@@ -38,6 +38,7 @@ def _serve(rank: int, size: int, store_path: str, tasks: Any, results: Any,
     from elasticrun.torch.world.devices import DataPlane, nccl_environment
     from elasticrun.torch.world.session import RoundSession
 
+    torch.set_num_threads(1)  # as elasticrun's workers that share a host (OMP_NUM_THREADS)
     slot = SlotInfo("localhost", rank, size, rank, size, 0, 1)
     live = runtime.Runtime(collective_timeout=COLLECTIVE_TIMEOUT_S)
     if backend != "cpu":  # every rank on cuda:0; NCCL: each rank its own NCCL host

@@ -34,9 +34,12 @@ def static_discovery(tmp_path: Path, *lines: str) -> Path:
 
 
 def test_hosts_added_then_removed(tmp_path: Path) -> None:
-    """localhost:2 -> + 127.0.0.1:2 -> only 127.0.0.1:2, driven by training progress."""
+    """localhost:2 -> + 127.0.0.1:2 -> only 127.0.0.1:2, driven by training progress. The job
+    trains until the discovery script has seen the last round take steps (a stop file), so
+    that training faster than discovery cannot end it before the removal lands."""
     progress = tmp_path / "progress"
     phase = tmp_path / "phase"
+    stop = tmp_path / "stop"
     script = tmp_path / "hosts.py"
     script.write_text(f"""#!{PYTHON}
 import json, os
@@ -54,17 +57,22 @@ if state["phase"] == 1 and size == 4:
     state = {{"phase": 2, "since": step}}
 if state["phase"] == 2 and step >= state["since"] + 4:
     state = {{"phase": 3}}
+if state["phase"] == 3 and size == 2:
+    state = {{"phase": 4, "since": step}}
+if state["phase"] == 4 and step >= state["since"] + 2:
+    open({str(stop)!r}, "w").close()
 json.dump(state, open({str(phase)!r}, "w"))
 print("localhost:2" if state["phase"] < 3 else "", end="\\n")
 if state["phase"] >= 1:
     print("127.0.0.1:2")
 """)
     script.chmod(0o755)
-    env = train_env(samples=64, epochs=6, progress=progress, slow_below=4)
+    env = train_env(samples=64, epochs=1000, progress=progress, slow_below=4)
+    env["TRAIN_STOP_FILE"] = str(stop)
     result = run_job(["-np", "2", "--host-discovery-script", str(script), *COMMON, *TRAIN],
                      env, log_dir=tmp_path / "logs", timeout=180)
     assert_ok(result)
-    views = check_job(result.records, samples=64, epochs=6)
+    views = check_job(result.records, samples=64, epochs=None)
     assert [v.size for v in views] == [2, 4, 2]
     assert set(views[0].hosts_by_rank.values()) == {"localhost"}
     assert set(views[-1].hosts_by_rank.values()) == {"127.0.0.1"}
