@@ -73,9 +73,9 @@ class WorkerPool:
         """Starts a worker; raises SpawnError."""
         settings = self._settings
         env = job_env(settings.env_settings, worker_id, info, *master, settings.launcher_env)
+        defaulted_threads = INTRA_OP_THREADS in env and INTRA_OP_THREADS not in settings.extra_env
         env.update(settings.extra_env)
-        if INTRA_OP_THREADS not in settings.launcher_env and INTRA_OP_THREADS in env \
-                and INTRA_OP_THREADS not in settings.extra_env and not self._threads_told:
+        if defaulted_threads and not self._threads_told:
             self._threads_told = True
             log.warning("%s is not set: workers that share a host get %s=1 each, as under "
                         "torchrun (set it to give each more threads)", INTRA_OP_THREADS,
