@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -101,6 +103,24 @@ def cmdline(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
     except OSError:
         return f"<pid {pid}>"
+
+
+def free_port() -> int:
+    """A port for a job to listen on, free now and taken from below the kernel's ephemeral
+    range: a port found free by binding port 0 is one every connect() and bind(0) on this
+    machine draws from next, and another test's socket took one before its job bound it."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for _ in range(100 if low > 4096 else 0):
+        port = 2048 + secrets.randbelow(low - 2048)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as sock:  # no room below the range: the kernel's choice
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def job_env(extra: dict[str, str] | None = None) -> tuple[dict[str, str], str]:

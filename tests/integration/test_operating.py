@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import subprocess
 import threading
 import time
@@ -25,6 +24,7 @@ from tests.integration.harness import (
     SCRIPTS,
     JobResult,
     assert_no_orphans,
+    free_port,
     read_records,
     start_job,
 )
@@ -44,12 +44,6 @@ def train_env(log_dir: Path, progress: Path, samples: int = 64, epochs: int = 3,
             "TRAIN_STEP_SLEEP": str(sleep), "FAULTS": faults, "TRAIN_SLOW_BELOW": str(slow_below),
             "LOG_DIR": str(log_dir), "PROGRESS_FILE": str(progress),
             **({"TRAIN_STOP_FILE": str(stop_file)} if stop_file else {})}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Job:

@@ -14,6 +14,7 @@ from tests.integration.harness import (
     PYTHON,
     SCRIPTS,
     assert_no_orphans,
+    free_port,
     read_records,
     start_job,
     tagged_pids,
@@ -21,12 +22,6 @@ from tests.integration.harness import (
 )
 
 SLEEPY = [PYTHON, str(SCRIPTS / "sleepy_train.py")]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def listening_on(port: int) -> set[str]:
