@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -25,6 +24,7 @@ from tests.integration.harness import (
     SCRIPTS,
     JobResult,
     assert_no_orphans,
+    free_port,
     is_zombie,
     job_env,
     read_records,
@@ -35,12 +35,6 @@ from tests.integration.progress import read_progress
 TOKEN = "agent-token-for-tests-0123456789"
 TRAIN = [PYTHON, str(SCRIPTS / "elastic_train.py")]
 COMMON = ["--start-timeout", "60", "--discovery-interval", "0.2"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def in_ns(ns: str | None, argv: Sequence[str]) -> list[str]:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.harness import free_port
 from tests.ssh.sshd import keygen, sshd_config, stop_tree
 
 SSHD = Path("/usr/sbin/sshd")
@@ -56,12 +57,6 @@ def _missing_tools() -> str | None:
         return "the test sshd needs root (privilege separation directory, login as root)"
     return None
 
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _write_config(root: Path, port: int) -> Path:
