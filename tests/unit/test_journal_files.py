@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import stat
 from pathlib import Path
 
@@ -55,6 +56,33 @@ def test_a_complete_new_snapshot_left_by_a_crash_before_the_renames_is_the_newes
     assert files.read().body == {"round": 2}
     (tmp_path / "journal.json.new").write_bytes(b'{"format":1,"sha')  # a write cut short
     assert files.read().body == {"round": 1}
+
+
+def test_the_current_snapshot_is_never_missing_while_the_next_replaces_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A driver killed between the renames: the current name still holds a whole snapshot
+    (a restart script's `[ -e journal.json ] && echo --resume` must find it)."""
+    files = JournalFiles(tmp_path)
+    files.write({"round": 1})
+    real_replace = os.replace
+
+    def killed_before_the_last_rename(src: object, dst: object) -> None:
+        if Path(str(dst)) == files.current:
+            raise KeyboardInterrupt  # stands for the SIGKILL
+        real_replace(src, dst)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "replace", killed_before_the_last_rename)
+    with pytest.raises(KeyboardInterrupt):
+        files.write({"round": 2})
+    monkeypatch.undo()
+    assert files.current.exists() and files.previous.exists()
+    assert JournalFiles(tmp_path).read().body == {"round": 2}  # the complete .new
+    (tmp_path / "journal.json.new").unlink()
+    assert JournalFiles(tmp_path).read().body == {"round": 1}
+    files.write({"round": 3})
+    assert files.read().body == {"round": 3} and files.read().source == "current"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "journal.json", "journal.json.old"]
 
 
 def test_no_valid_snapshot_is_refused_in_one_line(tmp_path: Path) -> None:

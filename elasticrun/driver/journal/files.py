@@ -1,9 +1,10 @@
 """The driver's journal on disk: one snapshot file, replaced whole, the previous one kept.
 
 Slurm's way with its state files: the new snapshot is written beside the current one
-(`.new`), flushed to the disk (fsync), and renamed over it, after the current one was moved
-to `.old`; the directory is fsynced so that the renames survive a crash too. A reader
-therefore finds a whole snapshot, the current or the previous one, whatever moment a crash
+(`.new`), flushed to the disk (fsync), and renamed over it, after the current one was
+linked as `.old`; the directory is fsynced so that the renames survive a crash too. The
+current name is never missing once written (restart scripts test it to add --resume), and
+a reader finds a whole snapshot, the current or the previous one, whatever moment a crash
 hit (or the `.new` one, complete, when the crash came between the write and the renames).
 Each snapshot carries a format version and a checksum of its body: a truncated or
 corrupt file is recognised as such and the previous one is used; when neither is valid,
@@ -17,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,10 +87,26 @@ class JournalFiles:
             os.fsync(descriptor)
         finally:
             os.close(descriptor)
-        if self.current.exists():
-            os.replace(self.current, self.previous)
+        self._keep_as_previous()
         os.replace(self._new, self.current)
         self._sync_directory()
+
+    def _keep_as_previous(self) -> None:
+        """The current snapshot becomes the previous one while its own name stays (a second
+        link, renamed over `.old`): the current name, once written, never goes missing, not
+        even for a moment, so that a script's `[ -e journal.json ] && echo --resume` cannot
+        start a second job beside the first one's live workers."""
+        staged = self.directory / f"{NAME}.old.new"
+        staged.unlink(missing_ok=True)
+        try:
+            os.link(self.current, staged)
+        except FileNotFoundError:  # the first snapshot
+            return
+        except OSError:  # a filesystem without hard links
+            shutil.copyfile(self.current, staged)
+            os.chmod(staged, 0o600)
+        os.replace(staged, self.previous)
+        staged.unlink(missing_ok=True)  # left when both were links of one file (a crash's)
 
     def read(self) -> Snapshot:
         """The newest valid snapshot; JournalError (one line) when there is none."""
