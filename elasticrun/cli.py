@@ -16,6 +16,7 @@ from elasticrun.config import BACKENDS
 from elasticrun.config_file import config_file_callback
 from elasticrun.driver.driver import Driver
 from elasticrun.driver.journal import command_line
+from elasticrun.driver.journal.opening import refuse_a_running_job
 from elasticrun.driver.processes.output import OutputRouter
 from elasticrun.errors import ConfigError, DiscoveryError, ElasticrunError
 from elasticrun.job_config import build_config, build_parts
@@ -185,6 +186,7 @@ def cli(**options: object) -> None:
     config = build_config(**options)  # type: ignore[arg-type]
     config = dataclasses.replace(config, **timeline)  # type: ignore[arg-type]
     if config.state_dir is not None and not config.resume:
+        refuse_a_running_job(config.state_dir)
         command_line.record(config.state_dir, click.get_current_context().obj or [],
                             Path.cwd())
     parts = build_parts(config)

@@ -5,10 +5,17 @@ from __future__ import annotations
 
 import json
 import stat
+import time
 from pathlib import Path
 
 from elasticrun.driver.journal.files import JournalFiles
-from tests.integration.harness import PYTHON, SCRIPTS, run_job
+from tests.integration.harness import (
+    PYTHON,
+    SCRIPTS,
+    assert_no_orphans,
+    run_job,
+    start_job,
+)
 
 TRAIN_ENV = {"TRAIN_SAMPLES": "64", "TRAIN_EPOCHS": "3", "TRAIN_BATCH": "4",
              "FAULTS": "5:1:sigkill"}
@@ -77,3 +84,35 @@ def test_resume_from_a_directory_with_no_journal_is_one_line(tmp_path: Path) -> 
     assert result.returncode == 1 and result.error_lines() == [
         f"elasticrun: error: cannot resume from {tmp_path / 'empty'}: no valid journal "
         f"snapshot (journal.json: missing; journal.json.old: missing)"]
+
+
+def test_a_state_dir_whose_driver_still_runs_is_refused_to_a_new_job(tmp_path: Path) -> None:
+    """Two jobs in one directory would write one journal: the second one is refused in one
+    line and leaves the first one's journal and command line as they were; once the first
+    has ended, the directory takes a new job."""
+    state_dir, stop = tmp_path / "state", tmp_path / "stop"
+    wait = f"import os, time\nwhile not os.path.exists({str(stop)!r}): time.sleep(0.05)"
+    first, tag = start_job(["-np", "1", "--state-dir", str(state_dir), PYTHON, "-c", wait])
+    try:
+        deadline = time.monotonic() + 60
+        while not (state_dir / "journal.json").exists():
+            assert first.poll() is None and time.monotonic() < deadline, first.stderr
+            time.sleep(0.05)
+        kept = {p.name: p.read_bytes() for p in state_dir.iterdir() if p.name != "journal.json"}
+        job_id = JournalFiles(state_dir).read().body["job"]["id"]
+        second = run_job(["-np", "1", "--state-dir", str(state_dir), PYTHON, "-c", "pass"])
+        assert second.returncode == 1 and second.error_lines() == [
+            f"elasticrun: error: --state-dir {state_dir}: job {job_id}'s driver (pid "
+            f"{first.pid}) is still running with it; give this job a directory of its own, "
+            f"or --resume to take that job over once its driver is gone"]
+        assert JournalFiles(state_dir).read().body["job"]["id"] == job_id
+        for name in ("command.json", "secret"):
+            assert (state_dir / name).read_bytes() == kept[name]
+    finally:
+        stop.touch()
+        first.communicate(timeout=60)
+    assert first.returncode == 0
+    assert_no_orphans(tag)
+    again = run_job(["-np", "1", "--state-dir", str(state_dir), PYTHON, "-c", "pass"])
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert JournalFiles(state_dir).read().body["job"]["id"] != job_id
