@@ -79,6 +79,21 @@ def test_a_stopped_worker_is_found_in_seconds_and_killed(tmp_path: Path) -> None
     assert resumed_after(records, fault_time(records, "sigstop")) < RESUMED_WITHIN_S
 
 
+def test_a_member_stopped_while_its_round_is_built_is_found_in_seconds(tmp_path: Path) -> None:
+    """Round 2 (rank 4 killed at step 6) is being built when its rank 1 stops, connected:
+    its peers wait in the build's own collective, on it or on those that wait on it; all
+    are released once it is found hung, not at the collective timeout (60 s)."""
+    env = {"TRAIN_SAMPLES": "120", "TRAIN_EPOCHS": "2", "TRAIN_BATCH": "4",
+           "TRAIN_STEP_SLEEP": "0.02", "FAULTS": "6:4:sigkill", "TRAIN_STOP_IN_BUILD": "2:1"}
+    hosts = ",".join(f"{host}:1" for host in
+                     ("localhost", "127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4"))
+    result, records = run(tmp_path, ["-H", hosts, "--min-np", "1"], env)
+    views = check_job(records, samples=120, epochs=2)
+    assert [v.size for v in views] == [5, 3]
+    assert "hung: its process is stopped (SIGSTOP)" in result.stderr
+    assert resumed_after(records, fault_time(records, "stop-in-build")) < RESUMED_WITHIN_S
+
+
 def test_a_hosts_workers_stopped_together_are_found(tmp_path: Path) -> None:
     env = {"TRAIN_SAMPLES": "128", "TRAIN_EPOCHS": "2", "TRAIN_BATCH": "4",
            "TRAIN_STEP_SLEEP": "0.05"}

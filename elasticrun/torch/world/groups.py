@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime
 import logging
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -88,13 +89,17 @@ def take_unsettled() -> bool:
     return unsettled
 
 
-def agree_on_nccl(wants_nccl: bool) -> bool:
+def agree_on_nccl(wants_nccl: bool, wait: Callable[[dist.Work], None]) -> bool:
     """Whether every rank of the just-built Gloo group can use NCCL (one tiny allreduce:
-    with --backend auto, a host without GPUs must not leave the others waiting for it)."""
+    with --backend auto, a host without GPUs must not leave the others waiting for it),
+    waited for by `wait`: the round's abortable wait, as for every other collective (a
+    member lost meanwhile can leave Gloo's blocking wait to the collective timeout)."""
     if dist.get_world_size() == 1:
         return wants_nccl
     vote = torch.tensor([1 if wants_nccl else 0], dtype=torch.int32)
-    dist.all_reduce(vote, op=dist.ReduceOp.MIN)
+    work = dist.all_reduce(vote, op=dist.ReduceOp.MIN, async_op=True)
+    assert work is not None
+    wait(work)
     return bool(vote.item())
 
 

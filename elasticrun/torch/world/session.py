@@ -128,6 +128,7 @@ class RoundSession:
             with collective(f"building round {self.number}'s group"):
                 with self._full_mesh():
                     connect(self.slot, store, self.collective_timeout)
+                self._hold_sockets(before)
                 self._build_device_group()
             self._built = True
         finally:  # on failure too: a half-built group's connections must be cut
@@ -136,6 +137,15 @@ class RoundSession:
                 if self._aborted:  # the round broke while the group was being built
                     sever(self._sockets)
                     self._sockets = {}
+
+    def _hold_sockets(self, before: dict[int, str]) -> None:
+        """The connected group's sockets, for abort() to cut while the build goes on (its
+        NCCL vote waits on the peers, one of which may be lost meanwhile)."""
+        with self._lock:
+            self._sockets = new_tcp_sockets(before, self._driver_peer)
+            if self._aborted:
+                raise WorkersFailedError(f"round {self.number} broke while its group was "
+                                         f"being built")
 
     def _full_mesh(self) -> contextlib.AbstractContextManager[None]:
         """The driver's store fetches every rank's Gloo address in one request (not NCCL's
@@ -146,7 +156,7 @@ class RoundSession:
 
     def _build_device_group(self) -> None:
         if self._agree:  # every rank votes, those without NCCL too
-            chosen = agree_on_nccl(self.backend == "nccl")
+            chosen = agree_on_nccl(self.backend == "nccl", self._wait_in_build)
             if self.backend == "nccl" and not chosen:
                 log.warning("round %d: not every rank can use NCCL; CUDA tensors go through "
                             "host memory on Gloo this round", self.number)
@@ -158,6 +168,13 @@ class RoundSession:
             self.device_group = group
             if self._aborted:  # the round broke while the communicator was connecting
                 abort_nccl(group)
+
+    def _wait_in_build(self, work: dist.Work) -> None:
+        """The build's own collective: abortable as wait() (but no stall is reported: a
+        round being formed has its laggards looked at by the driver anyway)."""
+        self.track(work)
+        wait_abortably(work, lambda: self._aborted, self.collective_timeout + ABANDON_SLACK_S,
+                       self.number)
 
     def track(self, work: dist.Work) -> None:
         """Notes a Gloo work issued in this round: its groups outlive it (see works.py)."""
