@@ -112,10 +112,9 @@ def test_reductions_that_cannot_carry_the_vote_fall_back(options: dict[str, Any]
         assert agreements == 3
 
 
-def notice_after_the_vote_was_cast() -> tuple[list[bool], int]:
-    """Rank 1's notice arrives after its step's buckets started (the gradient hooks start
-    them during backward): not in this commit's vote, so the next commit acts on it."""
-    model, optimizer, state = _setup()
+def notice_after_backward(options: dict[str, Any]) -> tuple[list[bool], int]:
+    """Rank 1's notice arrives after its backward pass, before its step()."""
+    model, optimizer, state = _setup(**options)
     interrupted = []
     with probed() as probe:
         for step in range(3):
@@ -128,9 +127,17 @@ def notice_after_the_vote_was_cast() -> tuple[list[bool], int]:
         return interrupted, probe.agreements
 
 
-def test_a_notice_arriving_mid_step_is_not_lost() -> None:
-    for interrupted, agreements in world_of(2).run(notice_after_the_vote_was_cast):
-        assert interrupted == [False, False, True]
+@pytest.mark.parametrize(("options", "expected"), [
+    # two buckets: the gradient hooks started the last (the vote's) during backward, so the
+    # notice is not in this commit's vote, and the next commit acts on it
+    ({"num_groups": 2}, [False, False, True]),
+    # one bucket of CPU gradients is started at step(): the notice rides in this step's vote
+    ({}, [False, True, True]),
+])
+def test_a_notice_arriving_mid_step_is_not_lost(options: dict[str, Any],
+                                                 expected: list[bool]) -> None:
+    for interrupted, agreements in world_of(2).run(notice_after_backward, options):
+        assert interrupted == expected
         assert agreements == 0
 
 
