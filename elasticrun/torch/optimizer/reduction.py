@@ -92,7 +92,6 @@ class GradientReduction:
         self.compressed: dict[int, tuple[list[torch.Tensor], list[Any]]] = {}
         self.launched: list[float] = [0.0] * len(self.buckets)
         self.next = 0
-        self.due = False  # the last pass produced every gradient (of a deferred step)
         drop_early(getattr(self, "early", None))
         self.early: Early | None = None  # the step's announcement, ahead of its data
         number = runtime.current().round if runtime.is_initialized() else -1
@@ -105,11 +104,15 @@ class GradientReduction:
 
     @property
     def started(self) -> bool:
-        return self.next > 0 or self.due
+        return self.next > 0 or (self._deferred() and self._complete(0))
 
     def _deferred(self) -> bool:
         """One bucket of CPU gradients: reduced from step() (see the module's docstring)."""
         return len(self.buckets) == 1 and not self.buckets[0].params[0].is_cuda
+
+    def _complete(self, index: int) -> bool:
+        """The last pass produced every gradient of bucket `index`."""
+        return self.ready[index] == len(self.buckets[index].params)
 
     def check_round(self) -> None:
         if runtime.current().round != self.round:
@@ -166,7 +169,6 @@ class GradientReduction:
             index, position = self.where[key]
             if self._deferred():
                 self.ready[index] += 1
-                self.due = self.ready[index] == len(self.buckets[index].params)
                 return
             if self.typed:
                 self.request()  # the buckets exist
@@ -176,8 +178,7 @@ class GradientReduction:
                     self.early = announce_early(self._early_request)
                 self._gather(index, position)
             self.ready[index] += 1
-            while self.next < len(self.buckets) and \
-                    self.ready[self.next] == len(self.buckets[self.next].params):
+            while self.next < len(self.buckets) and self._complete(self.next):
                 self.start(self.next)
                 self.next += 1
 

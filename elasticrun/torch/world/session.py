@@ -173,8 +173,7 @@ class RoundSession:
         """The build's own collective: abortable as wait() (but no stall is reported: a
         round being formed has its laggards looked at by the driver anyway)."""
         self.track(work)
-        wait_abortably(work, lambda: self._aborted, self.collective_timeout + ABANDON_SLACK_S,
-                       self.number)
+        self._wait_unwatched(work)
 
     def track(self, work: dist.Work) -> None:
         """Notes a Gloo work issued in this round: its groups outlive it (see works.py)."""
@@ -189,7 +188,7 @@ class RoundSession:
         bound = self.collective_timeout + ABANDON_SLACK_S
         watch = self.stall_watch
         if watch is None:
-            wait_abortably(work, lambda: self._aborted, bound, self.number)
+            self._wait_unwatched(work)
             return
         clock = watch.clock
         after, designated = watch.stall_after(self.slot.rank, self.slot.size)
@@ -202,6 +201,10 @@ class RoundSession:
             completed = True
         finally:
             clock.leave(entered, completed)
+
+    def _wait_unwatched(self, work: dist.Work) -> None:
+        wait_abortably(work, lambda: self._aborted, self.collective_timeout + ABANDON_SLACK_S,
+                       self.number)
 
     def abort(self) -> int:
         """Cuts the round's connections, releases every `wait()` and aborts the NCCL
