@@ -84,7 +84,7 @@ def test_a_member_stopped_while_its_round_is_built_is_found_in_seconds(tmp_path:
     its peers wait in the build's own collective, on it or on those that wait on it; all
     are released once it is found hung, not at the collective timeout (60 s)."""
     env = {"TRAIN_SAMPLES": "120", "TRAIN_EPOCHS": "2", "TRAIN_BATCH": "4",
-           "TRAIN_STEP_SLEEP": "0.02", "FAULTS": "6:4:sigkill", "TRAIN_STOP_IN_BUILD": "2:1"}
+           "TRAIN_STEP_SLEEP": "0.02", "FAULTS": "6:4:sigkill", "TRAIN_IN_BUILD": "2:1:stop"}
     hosts = ",".join(f"{host}:1" for host in
                      ("localhost", "127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4"))
     result, records = run(tmp_path, ["-H", hosts, "--min-np", "1"], env)
@@ -92,6 +92,23 @@ def test_a_member_stopped_while_its_round_is_built_is_found_in_seconds(tmp_path:
     assert [v.size for v in views] == [5, 3]
     assert "hung: its process is stopped (SIGSTOP)" in result.stderr
     assert resumed_after(records, fault_time(records, "stop-in-build")) < RESUMED_WITHIN_S
+
+
+def test_a_first_round_that_breaks_while_built_releases_its_new_workers(
+        tmp_path: Path) -> None:
+    """Round 1 (every worker new) is being built: rank 2 dies, and rank 0 waits on a
+    collective whose error Gloo lost, so no connection error will ever release it. The
+    driver says round 1 broke, and rank 0 is released by that word (its watcher runs from
+    its first join), not at the collective timeout (60 s). (Found by the chaos soak: two
+    new workers waited out round 9's build, and the job lost every holder of its state.)"""
+    env = {"TRAIN_SAMPLES": "48", "TRAIN_EPOCHS": "2", "TRAIN_BATCH": "4",
+           "TRAIN_STEP_SLEEP": "0.02", "TRAIN_IN_BUILD": "1:0:lost,1:2:kill"}
+    result, records = run(tmp_path, ["-H", "localhost:1,127.0.0.1:1,127.0.0.2:1",
+                                     "--min-np", "1"], env)
+    views = check_job(records, samples=48, epochs=2)
+    assert [v.size for v in views] == [2]
+    assert "building round 1's group failed" in result.stderr
+    assert resumed_after(records, fault_time(records, "kill-in-build")) < RESUMED_WITHIN_S
 
 
 def test_a_hosts_workers_stopped_together_are_found(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from elasticrun.worker import timeline
 from elasticrun.worker.client import DriverClient
 from elasticrun.worker.elastic import WorkersFailedError, describe_failure
 from elasticrun.worker.liveness import StallWatch
+from elasticrun.worker.notices import NoticeWatcher
 from elasticrun.worker.store import DriverStore
 
 log = logging.getLogger("elasticrun.worker")
@@ -44,6 +45,7 @@ class Joiner(Protocol):
     plane: DataPlane
     session: RoundSession | None
     stall_watch: StallWatch | None
+    notices: NoticeWatcher | None
 
 
 def join_next_round(runtime: Joiner, connect: Connect, last_round: int, failure: str,
@@ -78,6 +80,8 @@ def join_next_round(runtime: Joiner, connect: Connect, last_round: int, failure:
             if runtime.stall_watch is not None:
                 runtime.stall_watch.clock.restart()
             runtime.session = session
+            if runtime.notices is not None and runtime.notices.broken_round >= reply.round:
+                session.abort()  # it broke as the reply came: the watcher found no session
             session.publish_env()
             try:
                 session.build(connect)

@@ -14,9 +14,11 @@ worker that is then rank RANK (RANK "*": on every worker, once in each).
 TRAIN_SLOW_RANK=R: rank R's steps take 3x as long as they would (after each it sleeps
 twice its own work, the CPU time of the step, and its step sleep). A file
 $LOG_DIR/raise-<pid> makes worker <pid> raise at its next step (and is removed).
-TRAIN_STOP_IN_BUILD=R:K: the worker that is rank K of round R stops itself (SIGSTOP) while
-that round's group is being built, its connections up: its peers wait on it in the build's
-own collective (the backends' vote).
+TRAIN_IN_BUILD=R:K:MODE[,...]: the worker that is rank K of round R, while that round's
+group is being built (its connections up, before the build's own collective, the backends'
+vote): "stop" stops itself (SIGSTOP: its peers wait on it in the vote); "kill" dies
+(SIGKILL); "lost" first waits on a collective that never completes, as when Gloo lost the
+error of a send to a peer that died (only the round's abort releases it).
 TRAIN_STOP_FILE: when it exists at the end of an epoch, training stops there.
 TRAIN_AWAIT_SIZE=N: before its last epoch the job waits for its world to reach N (a
 scale-up the test started), checking for host updates every 0.2 s, at most 2 minutes.
@@ -141,25 +143,34 @@ def await_size(state: er.elastic.TorchState) -> None:
         state.check_host_updates()
 
 
-def stop_in_build(spec: str) -> None:
+def faults_in_build(spec: str) -> None:
     from elasticrun.torch.world import session
 
-    stop_round, stop_rank = (int(part) for part in spec.split(":"))
+    faults = {(int(r), int(k)): mode for r, k, mode in
+              (entry.split(":") for entry in spec.split(","))}
     vote = session.agree_on_nccl
 
-    def stopping_vote(wants_nccl: bool, wait: Any) -> bool:
+    def faulty_vote(wants_nccl: bool, wait: Any) -> bool:
         building = wait.__self__  # the round's session (its bound wait)
-        if (building.number, building.slot.rank) == (stop_round, stop_rank):
-            log("fault", mode="stop-in-build", round=stop_round, rank=stop_rank)
+        mode = faults.get((building.number, building.slot.rank))
+        if mode is not None:
+            log("fault", mode=f"{mode}-in-build", round=building.number,
+                rank=building.slot.rank)
+        if mode == "stop":
             os.kill(os.getpid(), signal.SIGSTOP)
+        elif mode == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif mode == "lost":
+            never = torch.futures.Future()
+            wait(torch._C._distributed_c10d._create_work_from_future(never))
         return vote(wants_nccl, wait)
 
-    session.agree_on_nccl = stopping_vote  # type: ignore[assignment]
+    session.agree_on_nccl = faulty_vote  # type: ignore[assignment]
 
 
 def main() -> None:
-    if os.environ.get("TRAIN_STOP_IN_BUILD"):
-        stop_in_build(os.environ["TRAIN_STOP_IN_BUILD"])
+    if os.environ.get("TRAIN_IN_BUILD"):
+        faults_in_build(os.environ["TRAIN_IN_BUILD"])
     log("start", at=STARTED)
     er.init()
     from elasticrun.torch.world import runtime
