@@ -193,6 +193,31 @@ def test_a_member_that_never_joins_is_failed_at_the_check_in_deadline() -> None:
     assert failure and failure[0].kind == "check_in_timeout" and failure[0].host == "b"
 
 
+def test_a_round_that_no_member_ever_joins_fails_them_all_at_the_backstop() -> None:
+    """Every member held elsewhere (the chaos soak: all in the last round's Gloo connect,
+    which an abort cannot end): no join starts the check-in deadlines, so the opening's
+    backstop (start timeout + collective timeout + slack) bounds the wait."""
+    sim = Sim()
+    sim.start(TWO_HOSTS)
+    bound = 30.0 + 10.0 + REJOIN_SLACK_S
+    assert not of(ev.RecordFailure, sim.advance(bound - 1.0))
+    actions = sim.advance(1.0)
+    failures = of(ev.RecordFailure, actions)
+    assert sorted(f.host for f in failures) == ["a", "b"]  # each host once: it fails with it
+    assert f"did not join round 1 within {bound:g}s of its opening" in failures[0].cause
+
+
+def test_the_backstop_leaves_a_round_whose_members_join_to_its_check_in() -> None:
+    sim = Sim()
+    sim.start(TWO_HOSTS)
+    sim.advance(20.0)
+    for worker in sim.members()[:-1]:
+        sim.send(ev.JoinAsked(worker.id, 0))
+    assert not of(ev.RecordFailure, sim.advance(29.0))  # past the backstop: it is moot
+    failure = of(ev.RecordFailure, sim.advance(1.0))  # the check-in: 30 s after the join
+    assert [f.host for f in failure] == ["b"] and "within 30s" in failure[0].cause
+
+
 def test_a_stuck_survivor_is_failed_at_the_rejoin_bound_not_the_start_timeout() -> None:
     sim = Sim(config(start_timeout=60.0, collective_timeout=5.0))
     sim.running(TWO_HOSTS)

@@ -148,5 +148,6 @@ def _open(step: Step, number: int, target: Assignment) -> None:
     step.log("info", f"round {number}: world size {len(target)} on {format_hosts(per_host)}{new}")
     for slot in new_slots:
         step.emit(Spawn(members[slot], slot, target, standby=False))
+    joins.opened(step)
     joins.reevaluate(step)
     growth.plan(step)

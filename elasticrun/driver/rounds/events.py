@@ -25,6 +25,7 @@ class TimerKind(enum.Enum):
     SYNC_REPORTS_DUE = "sync_reports_due"  # sync reports in flight had their chance
     CHECK_IN = "check_in"  # a member of `round` has not joined within --start-timeout
     REJOIN = "rejoin"  # a running member of `round` has not rejoined within the rejoin bound
+    UNJOINED = "unjoined"  # no member of `round` has joined since it opened (the backstop)
     HOLD_LEAVING = "hold_leaving"  # leaving workers of `round` stop waiting for it to settle
     STANDBY_DEADLINE = "standby_deadline"  # standby `worker` has not checked in
     COOLDOWN_END = "cooldown_end"  # blacklisted `host` may return

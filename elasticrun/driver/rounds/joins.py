@@ -116,15 +116,40 @@ def _barrier_started(step: Step) -> None:
         step.timer(TimerKind.FORMING, step.now + FORMING_FIRST_S, round=current.number)
 
 
+def opened(step: Step) -> None:
+    """A round just opened. Its check-in deadlines start at its first join; should no member
+    ever join (all held elsewhere, e.g. in a build Gloo cannot abort), it is bounded too."""
+    current = step.state.round
+    assert current is not None
+    step.timer(TimerKind.UNJOINED, step.now + unjoined_bound(step), round=current.number)
+
+
+def unjoined_bound(step: Step) -> float:
+    return step.config.start_timeout + step.config.collective_timeout + REJOIN_SLACK_S
+
+
+def nobody_joined(step: Step, number: int) -> None:
+    """Round `number` has had no join since it opened, for the whole bound: every member is
+    failed (and its host)."""
+    current = step.state.round
+    if current is not None and current.number == number and not current.joined:
+        _fail_missing(step, number, survivors_only=False,
+                      within=f"{unjoined_bound(step):g}s of its opening (no member joined)")
+
+
 def check_in_expired(step: Step, number: int, survivors_only: bool) -> None:
     """Members of round `number` that have not joined in time are failed (and their hosts).
     `survivors_only`: only workers that were already running (the rejoin bound)."""
+    waited = step.config.collective_timeout + REJOIN_SLACK_S if survivors_only \
+        else step.config.start_timeout
+    _fail_missing(step, number, survivors_only, within=f"{waited:g}s")
+
+
+def _fail_missing(step: Step, number: int, survivors_only: bool, within: str) -> None:
     state = step.state
     current = state.round
     if step.stopped or current is None or current.number != number or current.complete:
         return
-    waited = step.config.collective_timeout + REJOIN_SLACK_S if survivors_only \
-        else step.config.start_timeout
     for slot in current.missing():
         worker = state.workers.get(current.members[slot])
         if worker is None or not worker.alive or worker.status is not WorkerStatus.RUNNING:
@@ -132,7 +157,7 @@ def check_in_expired(step: Step, number: int, survivors_only: bool) -> None:
         if survivors_only and worker.joined_round == 0:
             continue  # still starting up: the start timeout applies
         rank = current.assignment[slot].rank
-        cause = f"rank {rank} on host {slot.host} did not join round {number} within {waited:g}s"
+        cause = f"rank {rank} on host {slot.host} did not join round {number} within {within}"
         step.record_failure(worker, cause, "check_in_timeout", rank=rank)
         step.fail_host(slot.host, cause)
 

@@ -266,6 +266,8 @@ def _timer_fired(step: Step, event: TimerFired) -> None:
             cutting.cut(step)
     elif kind in (TimerKind.CHECK_IN, TimerKind.REJOIN):
         joins.check_in_expired(step, timer.round, survivors_only=kind is TimerKind.REJOIN)
+    elif kind is TimerKind.UNJOINED:
+        joins.nobody_joined(step, timer.round)
     elif kind is TimerKind.HOLD_LEAVING:
         joins.reevaluate(step)
     elif kind is TimerKind.PROBE:
