@@ -128,9 +128,7 @@ class Runtime:
             self.client, lambda: self.round, self._round_broken,
             lambda reason: stop_for_good(self.slot.rank, reason), self.worker_id,
             watch.clock.snapshot if watch is not None else None)
-        # Watching before the first join: a round that breaks while this worker builds its
-        # group is aborted here too, not waited out to the collective timeout.
-        self.notices.start()
+        self.notices.start()  # before the first join: a build whose round broke is aborted
         self._join(last_round=0, failure="", committed=False)
 
     def _build_alone(self, number: int) -> None:
