@@ -177,7 +177,9 @@ class DriverStore(dist.Store):
     def wait(self, keys: list[str], timeout: datetime.timedelta | None = None) -> None:
         keys = list(keys)
         limit = timeout.total_seconds() if timeout is not None else self._timeout_s
-        meshed = self._from_mesh(keys, limit)
+        # The peers' addresses get the whole collective timeout to come, though the group
+        # connects under a shorter one (torch/world/groups.py).
+        meshed = self._from_mesh(keys, max(limit, self._timeout_s))
         if meshed is not None:
             return
         values = self._fetch(keys, limit)

@@ -29,10 +29,21 @@ _hook_before_groups: Any = None  # sys.excepthook as elasticrun's first group bu
 # reduction cut midway leaves each rank's tensors as far as it got, so ranks whose commit
 # counts agree may still hold different tensors (until the next sync compares them).
 _unsettled = False
+# Gloo waits up to five times its group's timeout for a peer to connect, and no abort ends
+# that wait: a peer lost between publishing its address and connecting held a build for
+# 5x the collective timeout. The group connects under a fifth of it (or this floor).
+CONNECT_FLOOR_S = 2.0
+
+
+def connect_timeout(timeout: float) -> float:
+    """The timeout a group of collective timeout `timeout` connects under: each peer's
+    connection then waits at most `timeout`, as a collective does."""
+    return min(timeout, max(CONNECT_FLOOR_S, timeout / 5))
 
 
 def init_process_group(slot: SlotInfo, store: dist.Store, timeout: float) -> None:
-    """Builds the default Gloo group. A failed build leaves torch's group counter alone."""
+    """Builds the default Gloo group, connected under `connect_timeout(timeout)`, its
+    collectives then under `timeout`. A failed build leaves torch's group counter alone."""
     global _hook_before_groups
     if _hook_before_groups is None:
         _hook_before_groups = sys.excepthook
@@ -41,7 +52,7 @@ def init_process_group(slot: SlotInfo, store: dist.Store, timeout: float) -> Non
     try:
         dist.init_process_group(backend="gloo", store=store, rank=slot.rank,
                                 world_size=slot.size,
-                                timeout=datetime.timedelta(seconds=timeout))
+                                timeout=datetime.timedelta(seconds=connect_timeout(timeout)))
     except BaseException:
         # torch names a default group's store keys from a process-wide counter, so every
         # member must have built (and destroyed) as many groups as the others. Destroying a
@@ -49,6 +60,7 @@ def init_process_group(slot: SlotInfo, store: dist.Store, timeout: float) -> Non
         # (or this worker could never meet its peers again: they would wait on other keys).
         _set_group_count(names_before)
         raise
+    dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=timeout))
 
 
 def init_nccl_group(device: torch.device | None, timeout: float) -> dist.ProcessGroup:
