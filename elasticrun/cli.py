@@ -11,7 +11,6 @@ from pathlib import Path
 import click
 
 from elasticrun import protocol
-from elasticrun.agent.cli import agent_command
 from elasticrun.config import BACKENDS
 from elasticrun.config_file import config_file_callback
 from elasticrun.driver.driver import Driver
@@ -21,7 +20,6 @@ from elasticrun.driver.processes.output import OutputRouter
 from elasticrun.errors import ConfigError, DiscoveryError, ElasticrunError
 from elasticrun.job_config import build_config, build_parts
 from elasticrun.process_setup import raise_open_file_limit, setup_logging
-from elasticrun.status_cli import status_command
 
 ENV_WEBHOOK_TOKEN = protocol.ENV_WEBHOOK_TOKEN
 ENV_EVENT_SECRET = protocol.ENV_EVENT_SECRET
@@ -205,10 +203,15 @@ def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         if args[:1] == ["status"]:  # `elasticrun -- status` runs a program named status
+            # (imported here, as the agent's: a job's own start needs neither)
+            from elasticrun.status_cli import status_command
+
             status_command.main(args=args[1:], prog_name="elasticrun status",
                                 standalone_mode=False)
             return
         if args[:1] == ["agent"]:  # likewise `elasticrun -- agent`
+            from elasticrun.agent.cli import agent_command
+
             agent_command.main(args=args[1:], prog_name="elasticrun agent",
                                standalone_mode=False)
             return

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-import yaml
 
 from elasticrun.errors import ConfigError
 
@@ -80,6 +79,8 @@ def _read_yaml(path: Path) -> dict[Any, Any]:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise _error(path, f"not UTF-8 text (byte {exc.start})") from None
+    import yaml  # only a job started with a config file pays for its import
+
     try:
         data = yaml.safe_load(text)
     except yaml.MarkedYAMLError as exc:
