@@ -9,9 +9,9 @@ Here the last rank is a process of its own that publishes its address and is SIG
 before it connects (this module, run as `python -m tests.collectives.test_group_connect`);
 five ranks of a Gloo world then build the group with it. Which side of a pair waits for
 the other is Gloo's choice: the lower address waits. The lost rank's published port is
-made the highest (65535; no survivor connects to it), so every survivor waits for it. (With its
-real port, each survivor waited about every other time, and in some runs none did: the
-kernel hands out ports in an order of its own.) The lost rank is the last: each rank
+made the highest (65535; no survivor connects to it), so every survivor waits for it.
+(With its real port, each survivor waited about every other time, and in some runs none
+did: the kernel hands out ports in an order of its own.) The lost rank is the last: each rank
 connects its pairs in rank order, so the survivors' pairs are connected before any of them
 comes to it, and no wait follows another.
 """
@@ -34,12 +34,6 @@ TIMEOUT_S = 10.0  # the collective timeout: the group connects under 2 s
 SIZE = 6
 PREFIX = "connect/"
 REPO = Path(__file__).resolve().parents[2]
-
-
-def groups_connect_timeout(timeout: float) -> float:
-    from elasticrun.torch.world.groups import connect_timeout
-
-    return connect_timeout(timeout)
 
 
 def _slot(rank: int) -> Any:
@@ -108,6 +102,8 @@ def lose_after_publishing(store_path: str) -> None:
 
 def test_a_peer_lost_while_the_group_connects_costs_at_most_the_collective_timeout(
         tmp_path: Path) -> None:
+    from elasticrun.torch.world.groups import connect_timeout
+
     store_path = str(tmp_path / "store")
     lost = subprocess.run([sys.executable, "-m", "tests.collectives.test_group_connect",
                            store_path], cwd=REPO, capture_output=True, text=True, timeout=60)
@@ -122,7 +118,8 @@ def test_a_peer_lost_while_the_group_connects_costs_at_most_the_collective_timeo
     # was refused at once): the lost rank's connection is what they all waited for.
     waited = [outcome[0] for outcome in failed if outcome is not None]
     assert max(waited) < TIMEOUT_S + 5, failed
-    assert min(waited) >= groups_connect_timeout(TIMEOUT_S), failed
+    assert min(waited) >= connect_timeout(TIMEOUT_S), failed
+
 
 if __name__ == "__main__":
     lose_after_publishing(sys.argv[1])
