@@ -33,6 +33,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import elasticrun.torch as er
+from elasticrun.torch.collectives import shared_sum
 
 OUT = os.environ.get("BENCH_OUT", "/dev/null")
 SPEC: dict[str, Any] = json.loads(os.environ.get("BENCH_SPEC", "{}"))
@@ -159,20 +160,30 @@ def make_trainer(name: str, variant: str, rank: int) -> Trainer:
 @contextmanager
 def counted_allreduces() -> Iterator[list[dict[str, Any]]]:
     """Records the dtype and element count of every torch.distributed.all_reduce issued in
-    the block (elasticrun calls it through the module, so the wrapper sees each one)."""
+    the block (elasticrun calls it through the module, so the wrapper sees each one), and of
+    every bucket summed in shared memory instead."""
     calls: list[dict[str, Any]] = []
-    original = dist.all_reduce
+    original, original_shared = dist.all_reduce, shared_sum.SharedBuckets.start
 
-    def counting(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+    def record(tensor: torch.Tensor) -> None:
         calls.append({"dtype": str(tensor.dtype).removeprefix("torch."),
                       "numel": tensor.numel(), "bytes": tensor.numel() * tensor.element_size()})
+
+    def counting(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        record(tensor)
         return original(tensor, *args, **kwargs)
 
+    def counting_shared(self: shared_sum.SharedBuckets, index: int) -> shared_sum.SharedSum:
+        record(self.buffers[index].data)
+        return original_shared(self, index)
+
     dist.all_reduce = counting
+    shared_sum.SharedBuckets.start = counting_shared  # type: ignore[method-assign]
     try:
         yield calls
     finally:
         dist.all_reduce = original
+        shared_sum.SharedBuckets.start = original_shared  # type: ignore[method-assign]
 
 
 def measure(name: str, rank: int, barrier: Callable[[], None]) -> list[dict[str, Any]]:

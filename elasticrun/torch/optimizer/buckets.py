@@ -17,7 +17,7 @@ bucket to start carries one element more: the host-change vote (host_vote.py).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -90,11 +90,14 @@ class GradientBucket:
         """Gradients live in the bucket (they travel in their own dtype)."""
         return self.wire == self.params[0].dtype
 
-    def allocate(self) -> None:
+    def allocate(self, make: Callable[[int, torch.dtype], torch.Tensor] | None = None
+                 ) -> None:
+        """The flat tensor (zeros), from `make(numel, dtype)` if given (shared memory)."""
         if self.flat is not None and self.flat.numel() == self.numel:
             return
         first = self.params[0]
-        self.flat = torch.zeros(self.numel, dtype=self.wire, device=first.device)
+        self.flat = make(self.numel, self.wire) if make is not None else \
+            torch.zeros(self.numel, dtype=self.wire, device=first.device)
         self.views, offset = [], 0
         for p in self.params:
             self.views.append(self.flat[offset:offset + p.numel()].view(p.shape))

@@ -1,18 +1,16 @@
 """One step's gradient reduction, as DistributedOptimizer runs it.
 
 Each parameter's gradient hook counts its backward passes; when the last pass of a step has
-produced every gradient of a bucket, the bucket's allreduce starts at once, overlapping the
-rest of backward. A step of one bucket on CPUs (a model under the bucket size: most of
-them) is started at step() instead: its allreduce can only start after the last gradient,
-so there is nothing of backward left for it to overlap, and its copies and negotiation,
-moved into backward, competed with it for the same cores (the 1M-parameter MLP: 10.9 ms a
-step against 9.6-10.3 at step(), DDP 10.1). On GPUs the negotiation still starts from the
-first gradient, a round trip hidden behind the device's backward. Buckets start in one
-fixed order on every rank (DDP's rule), so ranks whose gradients arrive in different orders
-still issue the same collectives in the same order. The first bucket of a step is preceded
-by the step's one negotiation, which covers every bucket (and lets a rank that called join()
-serve them); the buckets themselves carry nothing but gradients and, in the last, the
-host-change vote. `wait()` (at step(), or synchronize()) starts what has not started and
+produced every gradient of a bucket, the bucket's reduction starts at once, overlapping the
+rest of backward. A step of one bucket on CPUs (most models) starts at step() instead: there
+is no backward left to overlap, and its copies and negotiation, moved into backward,
+competed with it for the same cores. On GPUs the negotiation starts from the first gradient,
+a round trip hidden behind the device's backward. Buckets start in one fixed order on every
+rank (DDP's rule). The first bucket of a step is preceded by the step's one negotiation,
+which covers every bucket (and lets a rank that called join() serve them); the buckets carry
+nothing but gradients and, in the last, the host-change vote. When every rank of the round
+shares one machine, CPU buckets are summed through shared memory (shared_sum.py), else by a
+Gloo allreduce. `wait()` (at step(), or synchronize()) starts what has not started and
 waits for everything.
 
 Gradients compressed by a compressor other than Compression.none and fp16 take the general
@@ -29,7 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from elasticrun.torch.collectives import handles, host_vote
+from elasticrun.torch.collectives import handles, host_vote, shared_sum
 from elasticrun.torch.collectives.allgather import sparse_allreduce_async
 from elasticrun.torch.collectives.allreduce import start_grouped
 from elasticrun.torch.collectives.negotiation import (
@@ -72,6 +70,8 @@ class GradientReduction:
         self.before = self.after = 1.0  # set with the round's request
         self.world = 1
         self._early_request = Request(Kind.ALLREDUCE, early=True)  # set with the request
+        self.sharing = shared_sum.Sharing(placed=False)  # the round's, set with the request
+        self._joined = False  # the step's negotiation: a rank has joined
         self.forget()
 
     def _wire(self, p: torch.Tensor) -> torch.dtype:
@@ -101,6 +101,7 @@ class GradientReduction:
             # buckets they were given: the new round's reductions get buckets of their own.
             for bucket in self.buckets:
                 bucket.flat = None
+            self.sharing = shared_sum.Sharing(placed=False)
 
     @property
     def started(self) -> bool:
@@ -143,11 +144,13 @@ class GradientReduction:
             self.world = self.within.size
             self.before, self.after = self._scales()
             vote = self._voting()
+            params = [p for b in self.buckets for p in b.params]
+            self.sharing = shared_sum.Sharing(self.typed and shared_sum.placed_for_it(
+                params, self.within.group is not None))
             for index, bucket in enumerate(self.buckets):
                 bucket.vote = vote and index == len(self.buckets) - 1
                 if self.typed:
-                    bucket.allocate()
-            params = [p for b in self.buckets for p in b.params]
+                    bucket.allocate(self.sharing.maker())
             self._request = Request(
                 Kind.ALLREDUCE, dtypes=tuple(p.dtype for p in params),
                 shapes=tuple(tuple(p.shape) for p in params),
@@ -207,7 +210,9 @@ class GradientReduction:
         if bucket.vote:
             bucket.vote_slot().fill_(1.0 if host_vote.voted() else 0.0)
         self.launched[index] = time.time() if timeline.enabled() else 0.0
-        if self.world > 1:
+        if self.sharing.shared is not None and not self._joined:
+            self.works[index] = [shared_sum.Waiting(self.sharing.shared.start(index))]
+        elif self.world > 1:
             with collective("allreduce", nbytes=flat.numel() * flat.element_size(),
                             op=self.op.value):
                 self.works[index] = [plane.all_reduce(flat, op=dist.ReduceOp.SUM,
@@ -216,10 +221,14 @@ class GradientReduction:
     def _negotiate(self) -> None:
         """The step's negotiation, before its first data: the early announcement's result
         (announced again at once if a rank has joined, so that it serves the data), or one
-        now."""
+        now. The round's first step with no rank joined maps the peers' shared buckets."""
         early, self.early = self.early, None
-        if early is None or early.result().joined:
-            negotiate(self.request(), scope=self.within)
+        agreement = early.result() if early is not None else None
+        if agreement is None or agreement.joined:
+            agreement = negotiate(self.request(), scope=self.within)
+        self._joined = agreement.joined
+        if not self._joined:
+            self.sharing.connect_once(len(self.buckets))
 
     def _start_compressed(self, index: int) -> None:
         bucket = self.buckets[index]

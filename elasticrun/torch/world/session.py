@@ -44,7 +44,7 @@ from elasticrun.torch.world.groups import (
     init_nccl_group,
     init_process_group,
 )
-from elasticrun.torch.world.works import InFlight, drop_when_done, wait_abortably
+from elasticrun.torch.world.works import InFlight, Work, drop_when_done, wait_abortably
 from elasticrun.worker.elastic import WorkersFailedError
 from elasticrun.worker.liveness import StallWatch
 from elasticrun.worker.sockets import new_tcp_sockets, open_socket_fds, sever
@@ -179,9 +179,10 @@ class RoundSession:
         """Notes a Gloo work issued in this round: its groups outlive it (see works.py)."""
         self._in_flight.add(work)
 
-    def wait(self, work: dist.Work) -> None:
-        """`work.wait()` for a Gloo work of this round, released by `abort()` too: then, if
-        the work has not completed, it is abandoned with WorkersFailedError. (Cutting the
+    def wait(self, work: Work) -> None:
+        """`work.wait()` for a Gloo work of this round (or one that waits as one does: a
+        shared-memory sum), released by `abort()` too: then, if the work has not
+        completed, it is abandoned with WorkersFailedError. (Cutting the
         sockets is not always enough: Gloo loses a send that hit a peer's death at the
         moment it was written, and its wait lasts the whole collective timeout.) A wait far
         longer than usual is reported to the driver, which looks for a hung member."""
