@@ -14,7 +14,9 @@ host's probe (a forked worker's /proc/PID/environ is the template's).
 
 The template ends with its channel (stdin's EOF: the launcher closed it, or the connection
 died), at once even while it imports: it kills its servers, whose workers die with them
-(their parent-death signal), and removes its directory.
+(their parent-death signal), and removes its directory. A template killed outright (its
+host's processes SIGKILLed, the OOM killer) cannot: the next one on that host removes the
+directories of this user's templates that are gone (their pid is in the name).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from elasticrun.worker import template
 
 _PR_SET_PDEATHSIG = 1
 SOCKET_NAME = "template.sock"
+PREFIX = "elasticrun-template-"  # then the template's pid, "-" and mkdtemp's suffix
 BOOT = "from elasticrun.worker.host_template import main; main()"
 SERVING = "serving"  # its argument once exec'd with the job's environment
 
@@ -52,7 +55,8 @@ def main() -> None:
         if template.cuda_driver_loaded(maps.read()):
             print("", flush=True)  # workers are exec'd
             return
-    directory = tempfile.mkdtemp(prefix="elasticrun-template-")  # 0700: this user only
+    sweep(tempfile.gettempdir())
+    directory = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-")  # 0700: this user only
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     path = os.path.join(directory, SOCKET_NAME)
     listener.bind(path)
@@ -71,6 +75,28 @@ def main() -> None:
             shutil.rmtree(directory, ignore_errors=True)
     if argv is not None:
         template.run_program(argv)
+
+
+def sweep(root: str) -> list[str]:
+    """Removes the directories under `root` of this user's templates that are no longer
+    running; returns them."""
+    removed = []
+    for name in os.listdir(root):
+        pid_text = name.removeprefix(PREFIX).split("-", 1)[0]
+        if not name.startswith(PREFIX) or not pid_text.isdigit():
+            continue
+        path = os.path.join(root, name)
+        try:
+            if os.stat(path).st_uid != os.getuid():
+                continue
+            os.kill(int(pid_text), 0)
+            continue  # running (or a pid reused since: left alone)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+        except OSError:  # gone meanwhile, or another user's process
+            continue
+    return removed
 
 
 def _preload_unless_stdin_ends() -> None:
