@@ -77,7 +77,10 @@ class Sharing:
         return self._make if self._pending and wanted() else None
 
     def _make(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        buffer = SharedBuffer(numel, dtype)
+        try:
+            buffer = SharedBuffer(numel, dtype)
+        except OSError:  # (no memfd here): this bucket in ordinary memory, the round on Gloo
+            return torch.zeros(numel, dtype=dtype)
         self._buffers.append(buffer)
         return buffer.data
 
@@ -113,6 +116,8 @@ class _Peer:
         size = COUNTER_BYTES + numel * dtype.itemsize
         opened = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR)
         try:
+            if os.fstat(opened).st_size < size:  # not the bucket agreed on
+                raise OSError(f"/proc/{pid}/fd/{fd} is not a bucket of {numel} elements")
             self.map = mmap.mmap(opened, size)
         finally:
             os.close(opened)
@@ -121,10 +126,14 @@ class _Peer:
 
 
 def _machine() -> int:
-    """This machine and PID namespace, as one number (equal: /proc/<pid> names the peer)."""
-    with open("/proc/sys/kernel/random/boot_id") as file:
-        boot = file.read().strip()
-    identity = f"{boot}:{os.stat('/proc/self/ns/pid').st_ino}".encode()
+    """This machine and PID namespace, as one number (equal: /proc/<pid> names the peer);
+    -1 where /proc does not say."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as file:
+            boot = file.read().strip()
+        identity = f"{boot}:{os.stat('/proc/self/ns/pid').st_ino}".encode()
+    except OSError:
+        return -1
     return int.from_bytes(hashlib.blake2b(identity, digest_size=7).digest(), "big")
 
 
@@ -134,12 +143,13 @@ def connect(buffers: Sequence[SharedBuffer], count: int) -> SharedBuckets | None
     None on every rank alike when any rank cannot: the buckets then go through Gloo, this
     round."""
     slot = runtime.current().slot
-    fds = [b.fd for b in buffers] if len(buffers) == count else [-1] * count
-    mine = torch.tensor([_machine(), os.getpid(), *fds], dtype=torch.int64)
+    sharing = len(buffers) == count  # else: -1 everywhere, and every rank gives up
+    fds = [b.fd for b in buffers] if sharing else [-1] * count
+    mine = torch.tensor([_machine() if sharing else -1, os.getpid(), *fds], dtype=torch.int64)
     parts = [torch.empty_like(mine) for _ in range(slot.size)]
     plane.all_gather(parts, mine)
     peers: list[list[_Peer | None]] = [[] for _ in buffers]
-    opened = int(all(int(p[0]) == int(mine[0]) and min(p[2:].tolist(), default=0) >= 0
+    opened = int(all(int(p[0]) == int(mine[0]) >= 0 and min(p[2:].tolist(), default=-1) >= 0
                      for p in parts))
     if opened:
         try:
