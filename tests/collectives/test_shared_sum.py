@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
@@ -113,10 +115,24 @@ def _mlp() -> nn.Module:
     return nn.Sequential(nn.Linear(12, 40), nn.ReLU(), nn.Linear(40, 5))
 
 
-def _train(shared: bool) -> tuple[bool, list[torch.Tensor]]:
+@contextmanager
+def _shared_memory_env(value: str | None) -> Iterator[None]:
+    """ELASTICRUN_SHARED_MEMORY set to `value` (None: left as it is) in this worker, then
+    restored."""
     before = os.environ.get(shared_sum.ENV_DISABLE)
-    os.environ[shared_sum.ENV_DISABLE] = "1" if shared else "0"
+    if value is not None:
+        os.environ[shared_sum.ENV_DISABLE] = value
     try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(shared_sum.ENV_DISABLE, None)
+        else:
+            os.environ[shared_sum.ENV_DISABLE] = before
+
+
+def _train(shared: bool) -> tuple[bool, list[torch.Tensor]]:
+    with _shared_memory_env("1" if shared else "0"):
         model = _mlp()
         optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                              named_parameters=model.named_parameters())
@@ -128,11 +144,6 @@ def _train(shared: bool) -> tuple[bool, list[torch.Tensor]]:
             optimizer.step()
         used = optimizer._er_reduction.sharing.shared is not None  # type: ignore[attr-defined]
         return used, [p.detach().clone() for p in model.parameters()]
-    finally:
-        if before is None:
-            del os.environ[shared_sum.ENV_DISABLE]
-        else:
-            os.environ[shared_sum.ENV_DISABLE] = before
 
 
 def check_the_optimizer_sums_in_shared_memory_unless_told_not_to() -> bool:
@@ -178,17 +189,9 @@ def test_distributed_optimizer_sums_in_shared_memory_unless_disabled() -> None:
 
 
 def check_a_rank_that_does_not_want_it_leaves_every_rank_on_gloo() -> bool:
-    before = os.environ.get(shared_sum.ENV_DISABLE)
-    if hvd.rank() == 1:
-        os.environ[shared_sum.ENV_DISABLE] = "0"
-    try:
+    with _shared_memory_env("0" if hvd.rank() == 1 else None):
         buffers = [shared_sum.SharedBuffer(8, torch.float32)] if shared_sum.wanted() else []
         return shared_sum.connect(buffers, 1) is None
-    finally:
-        if before is None:
-            os.environ.pop(shared_sum.ENV_DISABLE, None)
-        else:
-            os.environ[shared_sum.ENV_DISABLE] = before
 
 
 def test_a_rank_that_does_not_want_it_leaves_every_rank_on_gloo() -> None:

@@ -91,6 +91,13 @@ class Sharing:
             self.shared = connect(buffers, count)
 
 
+def _layout(mapped: mmap.mmap, numel: int, dtype: torch.dtype
+            ) -> tuple[memoryview, torch.Tensor]:
+    """A bucket's mapping: its owner's counter, then its data."""
+    return (memoryview(mapped)[:8].cast("q"),
+            torch.frombuffer(mapped, dtype=dtype, count=numel, offset=COUNTER_BYTES))
+
+
 class SharedBuffer:
     """One rank's bucket in a memfd: its counter, then its data."""
 
@@ -100,8 +107,7 @@ class SharedBuffer:
         self.fd = os.memfd_create("elasticrun-bucket", os.MFD_CLOEXEC)
         os.ftruncate(self.fd, size)
         self.map = mmap.mmap(self.fd, size)
-        self.counter = memoryview(self.map)[:8].cast("q")
-        self.data = torch.frombuffer(self.map, dtype=dtype, count=numel, offset=COUNTER_BYTES)
+        self.counter, self.data = _layout(self.map, numel, dtype)
 
     def close_fd(self) -> None:
         if self.fd >= 0:
@@ -121,8 +127,7 @@ class _Peer:
             self.map = mmap.mmap(opened, size)
         finally:
             os.close(opened)
-        self.counter = memoryview(self.map)[:8].cast("q")
-        self.data = torch.frombuffer(self.map, dtype=dtype, count=numel, offset=COUNTER_BYTES)
+        self.counter, self.data = _layout(self.map, numel, dtype)
 
 
 def _machine() -> int:
@@ -207,9 +212,11 @@ class SharedSum:
         return all(peer is None or peer.counter[0] >= target for peer in self._peers)
 
     def is_completed(self) -> bool:
-        while self._phase < PHASES or not self._peers_reached():
-            if self._phase == PHASES or not self._peers_reached():
+        while True:
+            if not self._peers_reached():
                 return False
+            if self._phase == PHASES:
+                return True
             if self._phase == 1:  # sum this rank's shard of every bucket into this one
                 low, high = self._bounds[self._rank]
                 shard = self._buffer.data[low:high]
@@ -222,7 +229,6 @@ class SharedSum:
                         low, high = self._bounds[rank]
                         self._buffer.data[low:high].copy_(peer.data[low:high])
             self._signal()
-        return True
 
     def wait(self, timeout: timedelta | None = None) -> bool:
         started = time.monotonic()
