@@ -9,12 +9,35 @@ from elasticrun.errors import ConfigError
 
 BACKENDS = ("auto", "gloo", "nccl")  # --backend: which carries CUDA tensors
 AGENT_LAUNCHERS = ("agent",)  # launchers whose workers run under agents
+# Restarts of a round of scripts that never call er.init(), after a failure, under
+# elasticrun's own form (-np); torchrun's form defaults to torchrun's 0.
+DEFAULT_MAX_RESTARTS = 3
+# How long the members of a round wait for one that has not called er.init() yet (its
+# imports, data and model before it): loading data for minutes is ordinary.
+DEFAULT_INIT_TIMEOUT_S = 1800.0
 
 
 def _target(spec: str) -> str:
     """The plugin a --launcher/--discovery value names (plugins.parse_spec, without checks)."""
     head, _, rest = spec.strip().partition(":")
     return f"{head}:{rest.partition(':')[0]}" if "." in head else head
+
+
+@dataclass(frozen=True)
+class TorchrunSettings:
+    """torchrun's worker environment beyond ranks and sizes, and how its output is kept
+    (torchrun's --rdzv-id, --role, --log-dir, --redirects, --tee, --local-ranks-filter,
+    --virtual-local-rank). The defaults are those of a job started in elasticrun's form."""
+
+    run_id: str | None = None  # TORCHELASTIC_RUN_ID; None: the job's id
+    role: str = "default"  # ROLE_NAME
+    log_dir: Path | None = None  # each worker's output and error file kept under it
+    # Output of a local rank (absent: every local rank) kept in files only / also in files:
+    # local rank -> streams ("stdout", "stderr"); -1 stands for every local rank.
+    redirects: tuple[tuple[int, tuple[str, ...]], ...] = ()
+    tee: tuple[tuple[int, tuple[str, ...]], ...] = ()
+    local_ranks_filter: frozenset[int] | None = None  # None: every local rank on the console
+    virtual_local_rank: bool = False  # LOCAL_RANK=0, CUDA_VISIBLE_DEVICES=<local rank>
 
 
 @dataclass(frozen=True)
@@ -32,6 +55,11 @@ class DriverConfig:
     start_timeout: float = 30.0
     elastic_timeout: float = 600.0
     reset_limit: int | None = None
+    # Restarts after a failure of a round whose scripts never called er.init() (restart
+    # mode); host changes restart such a round too, without counting.
+    max_restarts: int = DEFAULT_MAX_RESTARTS
+    init_timeout: float = DEFAULT_INIT_TIMEOUT_S  # a member's first er.init(), others waiting
+    torchrun: TorchrunSettings = field(default_factory=TorchrunSettings)
     blacklist_cooldown: tuple[float, float] | None = None
     collective_timeout: float = 60.0
     backend: str = "auto"  # for CUDA tensors: auto, gloo or nccl (the workers choose)
@@ -110,12 +138,14 @@ class DriverConfig:
                               "PORT (and the agents --driver http://THIS_HOST:PORT)")
         for name in ("discovery_interval", "discovery_timeout", "start_timeout",
                      "elastic_timeout", "collective_timeout", "driver_timeout",
-                     "hang_timeout", "stuck_timeout"):
+                     "hang_timeout", "stuck_timeout", "init_timeout"):
             if getattr(self, name) <= 0:
                 flag = "--" + name.replace("_", "-")
                 raise ConfigError(f"{flag} must be positive, got {getattr(self, name)}")
         if self.reset_limit is not None and self.reset_limit < 0:
             raise ConfigError(f"--reset-limit must be 0 or more, got {self.reset_limit}")
+        if self.max_restarts < 0:
+            raise ConfigError(f"--max-restarts must be 0 or more, got {self.max_restarts}")
         if self.blacklist_cooldown is not None:
             low, high = self.blacklist_cooldown
             if not 0 < low <= high:

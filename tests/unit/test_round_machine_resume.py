@@ -21,8 +21,9 @@ def resumed(hosts: dict[str, int], *, form_only: bool = False) -> tuple[Sim, Sim
     second machine resumed from its journal, as a restarted driver's is."""
     cfg = config(np=sum(hosts.values()), min_np=1, blacklist_cooldown=(10.0, 100.0))
     old = Sim(cfg)
-    if form_only:
+    if form_only:  # one member of an elastic job (it calls er.init()) has asked to join
         old.start(hosts)
+        old.send(ev.JoinAsked(old.members()[0].id, 0))
     else:
         old.running(hosts)
     body = json.loads(json.dumps(encode(old.state, old.now, 1_790_000_000.0)))
@@ -108,6 +109,25 @@ def test_a_round_that_was_forming_is_cut_afresh_with_those_back() -> None:
     actions += new.advance(1.0)
     assert new.state.round_number == 2
     assert not of(ev.Spawn, actions)  # the same processes, in a new round
+
+
+def test_a_round_of_scripts_that_never_call_init_is_readopted_as_it_runs() -> None:
+    """Plain scripts (torchrun-style) never join: their round is not a forming one."""
+    cfg = config(np=2, min_np=1)
+    old = Sim(cfg)
+    old.start({"a": 1, "b": 1})
+    body = json.loads(json.dumps(encode(old.state, old.now, 1_790_000_000.0)))
+    new = Sim(cfg)
+    new.machine.state = decode(body, HostRegistry(None, random.Random(0)), new.now,
+                               1_790_000_005.0)
+    assert not new.state.elastic_scripts
+    new.send(ev.JobResumed(2, BOUND))
+    actions: list[ev.Action] = []
+    for worker in new.members():
+        actions += new.send(ev.WorkerBack(worker.id))
+    actions += new.send(ev.HostsFound({"a": 1, "b": 1}))
+    assert new.state.resume is None and new.state.round_number == 1
+    assert not of(ev.BreakRound, actions) and not of(ev.StopWorkers, actions)
 
 
 

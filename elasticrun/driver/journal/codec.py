@@ -3,10 +3,12 @@
 What a resumed driver cannot learn back from the workers is kept: the phase, every worker's
 record (its slot, rank, the rounds it joined and whose committed state it holds), the
 current round (its assignment, members, who joined and synced), the notice and probe
-sequences, the broken round, whether a commit exists, and the hosts (discovered, blacklisted
-with their cooldowns, drained). What only matters while one driver lives is not kept: timers
-(a cut, the capacity and sync-grace deadlines, a stall's probes), reset requests, held joins,
-a growth in progress and the storm count; a resumed driver starts those afresh.
+sequences, the broken round, whether a commit exists, whether the scripts call er.init()
+and how often their rounds restarted, and the hosts (discovered, blacklisted with their
+cooldowns, drained). What only matters while one driver lives is not kept: timers (a cut,
+the capacity and sync-grace deadlines, a stall's probes), reset requests, held joins, a
+growth in progress, a restart in progress and the storm count; a resumed driver starts
+those afresh.
 
 The machine's clock is monotonic, which does not survive a restart: times are kept as wall
 clock and turned back into the new driver's monotonic clock (`now` and `wall` name the same
@@ -47,6 +49,8 @@ def encode(state: JobState, now: float, wall: float) -> dict[str, Any]:
         "broken_round": state.broken_round,
         "state_committed": state.state_committed,
         "probe_seq": state.probe_seq,
+        "elastic_scripts": state.elastic_scripts,
+        "restarts": state.restarts,
         "workers": [{"id": w.id, "slot": _slot(w.slot), "rank": w.rank, "standby": w.standby,
                      "status": w.status.value, "alive": w.alive,
                      "joined_round": w.joined_round, "synced_round": w.synced_round,
@@ -117,7 +121,9 @@ def decode(body: dict[str, Any], hosts: HostRegistry, now: float, wall: float) -
                         round=round_, notice_seq=int(body["notice_seq"]),
                         broken_round=int(body["broken_round"]),
                         state_committed=bool(body["state_committed"]),
-                        probe_seq=int(body["probe_seq"]))
+                        probe_seq=int(body["probe_seq"]),
+                        elastic_scripts=bool(body.get("elastic_scripts", True)),
+                        restarts=int(body.get("restarts", 0)))
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"journal body does not describe a job ({type(exc).__name__}: "
                          f"{exc})") from exc

@@ -22,9 +22,9 @@ from urllib.parse import urlsplit
 
 log = logging.getLogger("elasticrun.events")
 
-EVENT_TYPES = ("job_started", "driver_resumed", "round_started", "host_added", "host_removed",
-               "host_drained", "host_blacklisted", "host_restored", "worker_failed",
-               "job_finished", "job_failed")
+EVENT_TYPES = ("job_started", "driver_resumed", "round_started", "round_restarting",
+               "host_added", "host_removed", "host_drained", "host_blacklisted",
+               "host_restored", "worker_failed", "job_finished", "job_failed")
 HEADER_EVENT = "X-Elasticrun-Event"
 HEADER_TIMESTAMP = "X-Elasticrun-Timestamp"
 HEADER_SIGNATURE = "X-Elasticrun-Signature"

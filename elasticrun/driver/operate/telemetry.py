@@ -84,6 +84,13 @@ class Telemetry:
             self.metrics.recovery_seconds.observe(now - self._failure_at)
             self._failure_at = None
 
+    def round_restarting(self, count: int, cause: str) -> None:
+        """A round of scripts that never call er.init() is stopped to start over: after a
+        failure (`cause`; counted) or for a host change (no cause)."""
+        if cause:
+            self.metrics.restarts.inc()
+        self._bus.emit("round_restarting", restart_count=count, cause=cause or None)
+
     # --- failures ----------------------------------------------------------------------
     def worker_failed(self, *, rank: int | None, host: str, exit_code: int | None,
                       cause: str, cause_label: str, stderr_tail: Iterable[str] = ()) -> None:

@@ -10,7 +10,7 @@ failure with no commit in between.
 from __future__ import annotations
 
 from elasticrun.discovery.parsing import format_hosts
-from elasticrun.driver.rounds import growth, joins, planner
+from elasticrun.driver.rounds import growth, joins, planner, restarts
 from elasticrun.driver.rounds.assignment import Assignment, SlotId
 from elasticrun.driver.rounds.capacity import shortfall, start_refusal
 from elasticrun.driver.rounds.events import OpenRound, Spawn, TimerKind
@@ -47,6 +47,8 @@ def cut(step: Step) -> None:
         return  # a resumed driver cuts once it knows who is back (resume.py cuts then)
     state.cut_at = None
     state.phase = JobPhase.RECOVERING
+    if restarts.hold(step):
+        return  # a plain round's members are being stopped: the next round follows them
     capacity = planner.capacity(state, config.max_np, now)
     if capacity < config.min_np:
         _short_of_slots(step, capacity)
@@ -129,6 +131,7 @@ def _open(step: Step, number: int, target: Assignment) -> None:
             new_slots.append(slot)
     state.round = Round(number, dict(target), members, state.notice_seq, step.now)
     state.phase = JobPhase.RUNNING
+    state.restart = None
     state.resets.clear()
     state.growth.clear()
     for worker_id in [w.id for w in state.workers.values()
@@ -147,7 +150,8 @@ def _open(step: Step, number: int, target: Assignment) -> None:
     new = f" ({len(new_slots)} new worker(s))" if number > 1 and new_slots else ""
     step.log("info", f"round {number}: world size {len(target)} on {format_hosts(per_host)}{new}")
     for slot in new_slots:
-        step.emit(Spawn(members[slot], slot, target, standby=False))
+        step.emit(Spawn(members[slot], slot, target, standby=False, round=number,
+                        restarts=state.restarts))
     joins.opened(step)
     joins.reevaluate(step)
     growth.plan(step)

@@ -23,7 +23,7 @@ class TimerKind(enum.Enum):
     CUT_ROUND = "cut_round"  # failures collected / an unexplained reset waited out
     CAPACITY_DEADLINE = "capacity_deadline"  # --elastic-timeout while short of --min-np
     SYNC_REPORTS_DUE = "sync_reports_due"  # sync reports in flight had their chance
-    CHECK_IN = "check_in"  # a member of `round` has not joined within --start-timeout
+    CHECK_IN = "check_in"  # a new member of `round` did not call er.init() in --init-timeout
     REJOIN = "rejoin"  # a running member of `round` has not rejoined within the rejoin bound
     UNJOINED = "unjoined"  # no member of `round` has joined since it opened (the backstop)
     HOLD_LEAVING = "hold_leaving"  # leaving workers of `round` stop waiting for it to settle
@@ -32,6 +32,7 @@ class TimerKind(enum.Enum):
     PROBE = "probe"  # a stalled `round`: who answered its probe, who is hung (liveness.py)
     FORMING = "forming"  # `round` not settled yet: what its laggards' hosts say (liveness.py)
     RESUME_BOUND = "resume_bound"  # a resumed driver stops waiting for workers to come back
+    RESTART_STOPPED = "restart_stopped"  # a restarted round's members had their time to stop
 
 
 @dataclass(frozen=True)
@@ -185,6 +186,8 @@ class Spawn:
     slot: SlotId
     assignment: Assignment  # the round it is for (its place, and the torchrun master)
     standby: bool
+    round: int = 0  # the round it is started for (standbys: the one after the current)
+    restarts: int = 0  # rounds restarted whole so far (TORCHELASTIC_RESTART_COUNT)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ kept until then, holding the committed state: a host that comes back is used aga
 
 from __future__ import annotations
 
-from elasticrun.driver.rounds import planner
+from elasticrun.driver.rounds import planner, restarts
 from elasticrun.driver.rounds.assignment import Assignment
 from elasticrun.driver.rounds.events import PostNotice, Spawn, TimerKind
 from elasticrun.driver.rounds.state import JobPhase, WorkerRecord
@@ -30,6 +30,11 @@ def plan(step: Step) -> None:
         return  # a round is being cut: it will take the hosts as they are
     growth = state.growth
     capacity = planner.capacity(state, config.max_np, step.now)
+    if restarts.plain(state):  # no standbys: the round starts over on the new hosts
+        if capacity < config.min_np \
+                or planner.desired(state, config.max_np, step.now) != current.assignment:
+            step.request_cut(0.0)
+        return
     if capacity < config.min_np:
         _short_of_slots(step, capacity)
         return
@@ -50,7 +55,8 @@ def plan(step: Step) -> None:
         worker = WorkerRecord(step.new_worker_id(slot), slot, target[slot].rank, standby=True)
         state.workers[worker.id] = worker
         growth.ids.add(worker.id)
-        step.emit(Spawn(worker.id, slot, target, standby=True))
+        step.emit(Spawn(worker.id, slot, target, standby=True, round=current.number + 1,
+                        restarts=state.restarts))
     notify_if_ready(step)
 
 
@@ -80,7 +86,7 @@ def checked_in(step: Step, worker: WorkerRecord) -> None:
 
 
 def standby_started(step: Step, worker: WorkerRecord) -> None:
-    step.timer(TimerKind.STANDBY_DEADLINE, step.now + step.config.start_timeout,
+    step.timer(TimerKind.STANDBY_DEADLINE, step.now + step.config.init_timeout,
                worker=worker.id)
 
 
@@ -90,8 +96,8 @@ def standby_deadline(step: Step, worker_id: str) -> None:
     if step.stopped or worker is None or not worker.alive \
             or worker_id not in state.growth.ids or worker_id in state.growth.ready:
         return
-    cause = (f"a new worker on host {worker.slot.host} did not check in within "
-             f"{step.config.start_timeout:g}s")
+    cause = (f"a new worker on host {worker.slot.host} did not call er.init() within "
+             f"{step.config.init_timeout:g}s (--init-timeout)")
     step.record_failure(worker, cause, "check_in_timeout", rank=None)
     step.fail_host(worker.slot.host, cause)
 

@@ -30,6 +30,7 @@ def asked(step: Step, event: JoinAsked) -> None:
     if worker is None or not worker.alive:
         step.answer(event.worker, JoinReply("exit", reason="this worker was stopped"))
         return
+    step.state.elastic_scripts = True  # its script calls er.init(): no restart mode
     step.state.waiting_joins[worker.id] = event.last_round
     evaluate(step, worker, event.last_round)
     current = step.state.round
@@ -105,47 +106,59 @@ def _not_a_member(step: Step, worker: WorkerRecord) -> None:
 
 
 def _barrier_started(step: Step) -> None:
+    """A round's first join: its other members are given their bounds from now on. One
+    that never joined before gets --init-timeout (its imports, data and model come first);
+    one that ran in an earlier round rejoins as soon as its collective fails."""
     current = step.state.round
     assert current is not None
-    start = step.config.start_timeout
-    step.timer(TimerKind.CHECK_IN, step.now + start, round=current.number)
-    rejoin = step.config.collective_timeout + REJOIN_SLACK_S
-    if rejoin < start:
-        step.timer(TimerKind.REJOIN, step.now + rejoin, round=current.number)
+    step.timer(TimerKind.CHECK_IN, step.now + step.config.init_timeout, round=current.number)
+    step.timer(TimerKind.REJOIN, step.now + rejoin_bound(step), round=current.number)
     if step.config.hang_detection:
         step.timer(TimerKind.FORMING, step.now + FORMING_FIRST_S, round=current.number)
 
 
 def opened(step: Step) -> None:
-    """A round just opened. Its check-in deadlines start at its first join; should no member
-    ever join (all held elsewhere, e.g. in a build Gloo cannot abort), it is bounded too."""
-    current = step.state.round
+    """A round just opened. Its check-in deadlines start at its first join; should none of
+    its members that ran before ever join (all held elsewhere, e.g. in a build Gloo cannot
+    abort), they are bounded too. Members that never joined anything have no bound until a
+    first member joins: a script that never calls er.init() runs as long as it runs."""
+    state = step.state
+    current = state.round
     assert current is not None
-    step.timer(TimerKind.UNJOINED, step.now + unjoined_bound(step), round=current.number)
+    if any((w := state.workers.get(m)) is not None and w.joined_round > 0
+           for m in current.member_ids):
+        step.timer(TimerKind.UNJOINED, step.now + unjoined_bound(step), round=current.number)
+
+
+def rejoin_bound(step: Step) -> float:
+    return step.config.collective_timeout + REJOIN_SLACK_S
 
 
 def unjoined_bound(step: Step) -> float:
-    return step.config.start_timeout + step.config.collective_timeout + REJOIN_SLACK_S
+    return step.config.start_timeout + rejoin_bound(step)
 
 
 def nobody_joined(step: Step, number: int) -> None:
-    """Round `number` has had no join since it opened, for the whole bound: every member is
-    failed (and its host)."""
+    """Round `number` has had no join since it opened, for the whole bound: every member
+    that ran in an earlier round is failed (and its host)."""
     current = step.state.round
     if current is not None and current.number == number and not current.joined:
-        _fail_missing(step, number, survivors_only=False,
+        _fail_missing(step, number, survivors=True,
                       within=f"{unjoined_bound(step):g}s of its opening (no member joined)")
 
 
-def check_in_expired(step: Step, number: int, survivors_only: bool) -> None:
-    """Members of round `number` that have not joined in time are failed (and their hosts).
-    `survivors_only`: only workers that were already running (the rejoin bound)."""
-    waited = step.config.collective_timeout + REJOIN_SLACK_S if survivors_only \
-        else step.config.start_timeout
-    _fail_missing(step, number, survivors_only, within=f"{waited:g}s")
+def check_in_expired(step: Step, number: int, survivors: bool) -> None:
+    """Members of round `number` that have not joined in time are failed (and their hosts):
+    those that ran in an earlier round (`survivors`, the rejoin bound), or those that never
+    joined anything (--init-timeout)."""
+    if survivors:
+        _fail_missing(step, number, True, within=f"{rejoin_bound(step):g}s")
+    else:
+        _fail_missing(step, number, False, within=f"{step.config.init_timeout:g}s of its "
+                                                  f"round's first join (--init-timeout)")
 
 
-def _fail_missing(step: Step, number: int, survivors_only: bool, within: str) -> None:
+def _fail_missing(step: Step, number: int, survivors: bool, within: str) -> None:
     state = step.state
     current = state.round
     if step.stopped or current is None or current.number != number or current.complete:
@@ -154,10 +167,11 @@ def _fail_missing(step: Step, number: int, survivors_only: bool, within: str) ->
         worker = state.workers.get(current.members[slot])
         if worker is None or not worker.alive or worker.status is not WorkerStatus.RUNNING:
             continue
-        if survivors_only and worker.joined_round == 0:
-            continue  # still starting up: the start timeout applies
+        if survivors != (worker.joined_round > 0):
+            continue  # the other bound applies to it
         rank = current.assignment[slot].rank
-        cause = f"rank {rank} on host {slot.host} did not join round {number} within {within}"
+        did = "did not join" if survivors else "did not call er.init()"
+        cause = f"rank {rank} on host {slot.host} {did} round {number} within {within}"
         step.record_failure(worker, cause, "check_in_timeout", rank=rank)
         step.fail_host(slot.host, cause)
 

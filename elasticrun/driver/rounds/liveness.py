@@ -12,10 +12,13 @@ while reports, or answers from inside a collective, keep coming. A member is hun
   --hang-timeout;
 - it answers, but its training thread has been outside collectives, using no CPU, for
   --stuck-timeout while its peers waited (a deadlocked data loader).
-A round being formed (a member not joined, its group not built, its state not synced) has
-no collectives to stall: its laggards' hosts are asked too, from a second after its first
-join, and a laggard whose process is stopped is hung (one whose host does not answer may
-be starting up on a loaded host: the check-in bounds apply to it).
+Members of a plain round (scripts that never call er.init(): restarts.py) report a stall
+when their training thread has used no CPU for a while (worker/foothold.py), and always
+answer probes as waiting in a collective: they can be found stopped or unreachable, never
+stuck. A round being formed (a member not joined, its group not built, its state not
+synced) has no collectives to stall: its laggards' hosts are asked too, from a second after
+its first join, and a laggard whose process is stopped is hung (one whose host does not
+answer may be starting up on a loaded host: the check-in bounds apply to it).
 A member that does not answer while its host says it runs holds its GIL (a long GC pause, a
 long C call): slow, not hung. A lasting stall is probed every few seconds; it ends when the
 reports stop. The functions return the verdicts; the machine fails the hosts (machine.py).
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from elasticrun.driver.rounds import restarts
 from elasticrun.driver.rounds.events import (
     InspectWorkers,
     ProbeAnswered,
@@ -215,10 +219,11 @@ def _current(step: Step, number: int) -> bool:
 
 
 def _watching(step: Step, number: int, worker_id: str | None = None) -> bool:
-    """Whether round `number` is the current, complete, unbroken round (and `worker_id`
-    one of its live members)."""
+    """Whether round `number` is the current, complete (or plain: its scripts never join),
+    unbroken round (and `worker_id` one of its live members)."""
     current = step.state.round
-    if current is None or not current.complete or not _current(step, number):
+    if current is None or not _current(step, number) \
+            or not (current.complete or restarts.plain(step.state)):
         return False
     if worker_id is None:
         return True

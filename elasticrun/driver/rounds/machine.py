@@ -20,7 +20,7 @@ from collections.abc import Callable
 from elasticrun.config import DriverConfig
 from elasticrun.discovery.parsing import format_hosts
 from elasticrun.driver.hosts.registry import HostRegistry
-from elasticrun.driver.rounds import cutting, growth, joins, liveness, resume
+from elasticrun.driver.rounds import cutting, growth, joins, liveness, restarts, resume
 from elasticrun.driver.rounds.assignment import SlotId
 from elasticrun.driver.rounds.events import (
     Action,
@@ -162,17 +162,30 @@ def _spawn_failed(step: Step, event: SpawnFailed) -> None:
     _forget(step, worker.id)
     cause = f"{event.error} (on host {worker.slot.host})"
     step.record_failure(worker, cause, "spawn_error", rank=None)
+    if restarts.plain(step.state) and step.state.is_member(worker.id):
+        restarts.failed(step, cause)
     step.fail_host(worker.slot.host, event.error)
+    _after_exit(step)
 
 
 def _worker_exited(step: Step, event: WorkerExited) -> None:
-    state = step.state
-    worker = state.workers.get(event.worker)
+    worker = step.state.workers.get(event.worker)
     if worker is None or not worker.alive:
         return
     worker.alive = False
     _forget(step, worker.id)
-    code = event.code
+    _exit_of(step, worker, event.code)
+    _after_exit(step)
+
+
+def _after_exit(step: Step) -> None:
+    """A worker is gone: a restart waiting for its round's members may go on."""
+    if restarts.all_gone(step.state):
+        cutting.cut(step)
+
+
+def _exit_of(step: Step, worker: WorkerRecord, code: int) -> None:
+    state = step.state
     if worker.status is WorkerStatus.FAILED:
         step.log("debug", f"worker {worker.slot} ended after its own error "
                           f"({describe_exit(code)})")
@@ -225,7 +238,9 @@ def _hung(step: Step, verdicts: list[liveness.Verdict]) -> None:
 
 
 def _failed(step: Step, worker: WorkerRecord, cause: str) -> None:
-    if step.state.phase is JobPhase.FINISHING:
+    if restarts.plain(step.state) and step.state.is_member(worker.id):
+        restarts.failed(step, cause)
+    elif step.state.phase is JobPhase.FINISHING:
         step.fail(f"{cause} after other workers had finished")
     else:
         step.fail_host(worker.slot.host, cause)
@@ -265,7 +280,7 @@ def _timer_fired(step: Step, event: TimerFired) -> None:
         if state.sync_grace_until is not None:
             cutting.cut(step)
     elif kind in (TimerKind.CHECK_IN, TimerKind.REJOIN):
-        joins.check_in_expired(step, timer.round, survivors_only=kind is TimerKind.REJOIN)
+        joins.check_in_expired(step, timer.round, survivors=kind is TimerKind.REJOIN)
     elif kind is TimerKind.UNJOINED:
         joins.nobody_joined(step, timer.round)
     elif kind is TimerKind.HOLD_LEAVING:
@@ -276,6 +291,9 @@ def _timer_fired(step: Step, event: TimerFired) -> None:
         liveness.forming_due(step, timer.round)
     elif kind is TimerKind.RESUME_BOUND:
         _resume_decided(step, resume.bound_passed(step))
+    elif kind is TimerKind.RESTART_STOPPED:
+        restarts.stop_deadline(step)
+        _after_exit(step)
     elif kind is TimerKind.STANDBY_DEADLINE:
         growth.standby_deadline(step, timer.worker)
     elif kind is TimerKind.COOLDOWN_END:

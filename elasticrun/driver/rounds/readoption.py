@@ -12,6 +12,7 @@ reporting has passed. Output: one decision. The rules, from the issue's contract
   them alone (the others roll back to their commit, as after any failure).
 - A round that was still forming when the driver died (not complete), or a member back in
   another round than the kept one: a fresh round is opened with the workers that came back.
+  A plain round (scripts that never call er.init(): restarts.py) is never forming: it runs.
 - Otherwise: wait for more reports, until the bound.
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from elasticrun.driver.rounds.restarts import plain
 from elasticrun.driver.rounds.state import JobPhase, JobState
 
 
@@ -65,7 +67,7 @@ def decide(state: JobState, reported: Mapping[str, int], bound_passed: bool) -> 
     known = {w: number for w, number in reported.items() if w in state.workers}
     back = tuple(sorted(known))
     current = state.round
-    if current is None or not current.complete:
+    if current is None or not (current.complete or plain(state)):
         if not bound_passed and set(known) != _alive(state):
             return Wait(tuple(sorted(_alive(state) - set(known))))
         return FreshRound(back, "the driver stopped while a round was forming")

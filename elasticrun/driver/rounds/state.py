@@ -144,6 +144,15 @@ class Resume:
 
 
 @dataclass
+class Restart:
+    """A round whose scripts never called er.init() is restarted whole (restarts.py): its
+    members are being stopped; the next round opens, every slot a new worker, once they
+    are gone, or at `deadline`."""
+
+    deadline: float
+
+
+@dataclass
 class JobState:
     hosts: HostRegistry
     phase: JobPhase = JobPhase.STARTING
@@ -163,6 +172,9 @@ class JobState:
     stall: Stall | None = None  # the current round's, while one lasts (liveness.py)
     probe_seq: int = 0  # the last probe number given out (probes of every round count)
     resume: Resume | None = None  # a resumed driver waiting for its workers (resume.py)
+    elastic_scripts: bool = False  # a worker called er.init(): rounds recover in-process
+    restarts: int = 0  # rounds restarted whole after a failure (TORCHELASTIC_RESTART_COUNT)
+    restart: Restart | None = None  # the current round's members are being stopped
 
     @property
     def round_number(self) -> int:

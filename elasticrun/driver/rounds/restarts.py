@@ -1,0 +1,110 @@
+"""Pure: restart mode — a round of scripts that never call er.init() is restarted whole.
+
+A torchrun-style script (its own DDP loop, a Hugging Face or Lightning Trainer) keeps no
+state elasticrun could roll back to: it trains on from its own checkpoints. When one of its
+workers fails (exits non-zero, is killed, hangs), its round cannot go on without it, as
+under torchrun: every member is stopped (SIGTERM, the grace period, SIGKILL of its process
+group) and, once all are gone, the next round starts a new worker in every slot, its
+TORCHELASTIC_RESTART_COUNT one higher. Such failures count against --max-restarts and do
+not blacklist the host: a dead process says little about its machine, and a job on one
+machine would have none left. A host that cannot start workers still fails. A change of
+the hosts within the job's limits restarts the round too, without counting, as torchrun
+restarts its workers when a node joins or leaves.
+
+A job's rounds are plain until one of its workers calls er.init() (asks to join): scripts
+that call it keep in-process recovery (machine.py, cutting.py) from then on.
+"""
+
+from __future__ import annotations
+
+from elasticrun.driver.rounds.events import TimerKind
+from elasticrun.driver.rounds.state import JobPhase, JobState, Restart, WorkerRecord
+from elasticrun.driver.rounds.step import Step
+
+# Beyond the grace period, how long a SIGKILLed member's exit may take to be reported; a
+# member still not gone then is on a host that cannot be reached (restart_stopped).
+STOP_SLACK_S = 5.0
+
+
+def plain(state: JobState) -> bool:
+    """Whether a round runs and the job's scripts never called er.init()."""
+    return state.round is not None and not state.elastic_scripts
+
+
+def failed(step: Step, cause: str) -> None:
+    """A member of a plain round failed (`cause` names it): the round restarts, counted
+    against --max-restarts; once they are spent, the job ends instead."""
+    state, config = step.state, step.config
+    if state.restart is not None:
+        return  # the round restarts already: this failure is part of its end
+    if state.restarts >= config.max_restarts:
+        step.fail(_spent(cause, config.max_restarts))
+        return
+    state.restarts += 1
+    step.log("warning", f"{cause}; restarting every worker (restart {state.restarts} of "
+                        f"--max-restarts {config.max_restarts}): the scripts never called "
+                        f"er.init(), so they go on from their own checkpoints")
+    step.report("round_restarting", count=state.restarts, cause=cause)
+    _begin(step)
+
+
+def hold(step: Step) -> bool:
+    """Whether the next round must wait for the current, plain one's members to be gone
+    (a cut's first question). A cut asked for by a host change or a failed host begins an
+    uncounted restart here."""
+    state = step.state
+    if state.restart is None:
+        if not plain(state) or not _alive(state):
+            return False
+        step.log("info", f"restarting the job's {len(_alive(state))} worker(s) for the new "
+                         f"hosts (not counted against --max-restarts)")
+        step.report("round_restarting", count=state.restarts, cause="")
+        _begin(step)
+    return bool(_alive(state))
+
+
+def all_gone(state: JobState) -> bool:
+    """Whether a restart under way may open the next round now."""
+    return state.restart is not None and not _alive(state)
+
+
+def stop_deadline(step: Step) -> None:
+    """The members still not gone at the deadline are on hosts that cannot be reached:
+    those hosts fail, and the workers are given up (their exits, if any, come too late)."""
+    state = step.state
+    if state.restart is None or step.now < state.restart.deadline:
+        return
+    for worker in _alive(state):
+        worker.alive = False
+        step.fail_host(worker.slot.host, f"rank {worker.rank} on host {worker.slot.host} "
+                                         f"did not stop within its grace period")
+
+
+def _begin(step: Step) -> None:
+    state = step.state
+    current = state.round
+    assert current is not None
+    state.phase = JobPhase.RECOVERING
+    state.stall = None
+    deadline = step.now + step.config.stop_grace_period + STOP_SLACK_S
+    state.restart = Restart(deadline)
+    step.timer(TimerKind.RESTART_STOPPED, deadline, round=current.number)
+    step.report("round_broken")
+    step.break_round(current.number)
+    step.stop_workers(_alive(state))
+    step.request_cut(0.0)
+
+
+def _alive(state: JobState) -> list[WorkerRecord]:
+    current = state.round
+    if current is None:
+        return []
+    workers = state.workers
+    return [w for m in current.member_ids if (w := workers.get(m)) is not None and w.alive]
+
+
+def _spent(cause: str, max_restarts: int) -> str:
+    if max_restarts == 0:
+        return (f"{cause}; the workers never called er.init(), so they can only be restarted, "
+                f"and --max-restarts is 0")
+    return f"{cause}; --max-restarts {max_restarts} spent (restarted {max_restarts} time(s))"

@@ -1,0 +1,172 @@
+"""Restart mode as tables: a round of scripts that never call er.init() (torchrun-style) is
+restarted whole when a worker fails or the hosts change (pure, simulated time)."""
+
+from __future__ import annotations
+
+from elasticrun.driver.rounds import events as ev
+from elasticrun.driver.rounds.restarts import STOP_SLACK_S
+from elasticrun.driver.rounds.state import JobPhase, WorkerStatus
+from elasticrun.process_view import ProcessState, ProcessView
+from tests.unit.machine_sim import Sim, config, of, reports
+
+HOSTS = {"a": 2, "b": 2}
+
+
+def plain_sim(**overrides: object) -> Sim:
+    sim = Sim(config(**{"np": 4, "min_np": 4, "max_np": 4, "max_restarts": 3, **overrides}))
+    sim.start(HOSTS)
+    return sim
+
+
+def gone(sim: Sim, actions: list[ev.Action]) -> list[ev.Action]:
+    """Every worker the actions stop exits (as SIGTERM ends it)."""
+    out: list[ev.Action] = []
+    for stop in of(ev.StopWorkers, actions):
+        for worker in stop.workers:
+            out += sim.send(ev.WorkerExited(worker, -15))
+    return out
+
+
+def test_a_failed_worker_restarts_every_worker_and_blacklists_nothing() -> None:
+    sim = plain_sim()
+    first = {w.id for w in sim.members()}
+    dead = sim.worker_on("b", 1)
+    actions = sim.send(ev.WorkerExited(dead.id, -9))
+    assert [f.cause for f in of(ev.RecordFailure, actions)] == [
+        "rank 3 on host b was killed by SIGKILL"]
+    stopped = {w for stop in of(ev.StopWorkers, actions) for w in stop.workers}
+    assert stopped == first - {dead.id}
+    assert of(ev.BreakRound, actions) == [ev.BreakRound(1)]
+    assert "round_restarting" in reports(actions)
+    assert not sim.state.hosts.is_blacklisted("b", sim.now)
+    assert sim.state.restarts == 1 and sim.state.round_number == 1  # waits for them to go
+    assert not of(ev.OpenRound, sim.advance(1.0))
+    actions = gone(sim, actions)
+    assert [o.number for o in of(ev.OpenRound, actions)] == [2]
+    spawns = of(ev.Spawn, actions)
+    assert sorted((s.slot.host, s.slot.index) for s in spawns) == [
+        ("a", 0), ("a", 1), ("b", 0), ("b", 1)]
+    assert {s.restarts for s in spawns} == {1} and {s.round for s in spawns} == {2}
+    assert not {s.worker for s in spawns} & first  # every slot a new process
+    assert sim.state.phase is JobPhase.RUNNING and sim.state.restart is None
+
+
+def test_restarts_count_up_to_max_restarts_then_the_job_fails_naming_it() -> None:
+    sim = plain_sim(max_restarts=2)
+    for count in (1, 2):
+        actions = sim.send(ev.WorkerExited(sim.worker_on("a").id, 1))
+        sim.started(gone(sim, actions))
+        assert sim.state.restarts == count and sim.state.round_number == count + 1
+    fail = of(ev.Fail, sim.send(ev.WorkerExited(sim.worker_on("a").id, 1)))
+    assert fail and fail[0].message == ("rank 0 on host a exited with code 1; --max-restarts "
+                                        "2 spent (restarted 2 time(s))")
+
+
+def test_max_restarts_0_ends_the_job_at_the_first_failure_as_torchrun_does() -> None:
+    sim = plain_sim(max_restarts=0)
+    fail = of(ev.Fail, sim.send(ev.WorkerExited(sim.worker_on("b").id, 1)))
+    assert fail and "--max-restarts is 0" in fail[0].message
+
+
+def test_a_second_failure_during_a_restart_is_part_of_it() -> None:
+    sim = plain_sim()
+    actions = sim.send(ev.WorkerExited(sim.worker_on("a").id, 1))
+    actions += sim.send(ev.WorkerExited(sim.worker_on("b").id, 1))  # its collective broke
+    assert sim.state.restarts == 1 and not of(ev.Fail, actions)
+
+
+def test_a_failure_after_a_member_finished_restarts_the_round() -> None:
+    """torchrun restarts the whole group when any worker fails, finished ones too."""
+    sim = plain_sim()
+    members = sim.members()
+    sim.send(ev.WorkerExited(members[0].id, 0))
+    assert sim.state.phase is JobPhase.FINISHING
+    actions = sim.send(ev.WorkerExited(members[1].id, 1))
+    assert not of(ev.Fail, actions) and sim.state.restarts == 1
+    assert [o.number for o in of(ev.OpenRound, gone(sim, actions))] == [2]
+
+
+def test_every_member_exiting_0_finishes_the_job() -> None:
+    sim = plain_sim()
+    actions = []
+    for worker in sim.members():
+        actions += sim.send(ev.WorkerExited(worker.id, 0))
+    assert of(ev.Finish, actions) == [ev.Finish(0)]
+
+
+def test_a_member_that_does_not_stop_fails_its_host_at_the_deadline() -> None:
+    sim = plain_sim(stop_grace_period=5.0)
+    actions = sim.send(ev.WorkerExited(sim.worker_on("a").id, 1))
+    stuck = sim.worker_on("b", 0)
+    for stop in of(ev.StopWorkers, actions):
+        for worker in stop.workers:
+            if worker != stuck.id:
+                sim.send(ev.WorkerExited(worker, -15))
+    assert not of(ev.OpenRound, sim.advance(5.0 + STOP_SLACK_S - 0.1))
+    actions = sim.advance(0.1)
+    assert sim.state.hosts.is_blacklisted("b", sim.now)
+    assert of(ev.Fail, actions)  # 2 slots left for --min-np 4: nothing to restart on
+
+
+def test_hosts_added_restart_the_round_without_counting_and_without_standbys() -> None:
+    sim = Sim(config(np=2, min_np=2, max_np=4, discovery="script:x"))
+    sim.start({"a": 2})
+    actions = sim.send(ev.HostsFound({"a": 2, "b": 2}))
+    assert not [s for s in of(ev.Spawn, actions) if s.standby]
+    actions += sim.advance(0.0)
+    assert of(ev.StopWorkers, actions) and sim.state.restarts == 0
+    actions = gone(sim, actions)
+    assert [len(o.assignment) for o in of(ev.OpenRound, actions)] == [4]
+    assert {s.restarts for s in of(ev.Spawn, actions)} == {0}
+
+
+def test_a_host_gone_restarts_the_round_on_those_left() -> None:
+    sim = Sim(config(np=4, min_np=2, max_np=4, discovery="script:x"))
+    sim.start(HOSTS)
+    actions = sim.send(ev.HostsFound({"a": 2}))
+    actions += sim.advance(0.0)
+    actions = gone(sim, actions)
+    assert [sorted(s.host for s in o.assignment) for o in of(ev.OpenRound, actions)] == [
+        ["a", "a"]]
+
+
+def test_unchanged_hosts_leave_a_plain_round_alone() -> None:
+    sim = plain_sim()
+    actions = sim.send(ev.HostsFound(HOSTS))
+    assert not of(ev.StopWorkers, actions) and sim.state.round_number == 1
+
+
+def test_a_stopped_worker_is_found_through_stall_reports_and_restarts_the_round() -> None:
+    """Plain workers' footholds report an idle training thread; the round is probed although
+    it never completes (nobody joins), and a member whose host says it is stopped is hung."""
+    sim = plain_sim()
+    stopped = sim.worker_on("b", 1)
+    reporter = sim.worker_on("a", 0)
+    actions = sim.send(ev.WorkerStalled(reporter.id, 1, 2.0))
+    assert of(ev.ProbeRound, actions) and of(ev.InspectWorkers, actions)
+    actions = sim.send(ev.ProcessesInspected(1, (
+        (stopped.id, ProcessView(ProcessState.STOPPED, "stopped (SIGSTOP)")),)))
+    assert ev.StopWorkers((stopped.id,), kill=True) in actions
+    assert "hung: its process is stopped (SIGSTOP)" in of(ev.RecordFailure, actions)[0].cause
+    assert sim.state.restarts == 1 and not sim.state.hosts.is_blacklisted("b", sim.now)
+
+
+def test_a_spawn_failure_counts_as_a_restart_and_fails_its_host() -> None:
+    sim = Sim(config(np=2, min_np=1, max_np=4, discovery="script:x"))
+    actions = sim.send(ev.JobStarted(HOSTS))
+    spawns = of(ev.Spawn, actions)
+    sim.started(spawns[:-1])
+    actions = sim.send(ev.SpawnFailed(spawns[-1].worker, "no such file"))
+    assert sim.state.hosts.is_blacklisted(spawns[-1].slot.host, sim.now)
+    assert sim.state.restarts == 1
+
+
+def test_a_script_that_calls_init_keeps_in_process_recovery() -> None:
+    sim = Sim(config(np=4, min_np=2))
+    sim.running(HOSTS)
+    assert sim.state.elastic_scripts
+    actions = sim.send(ev.WorkerExited(sim.worker_on("b").id, 1))
+    assert sim.state.hosts.is_blacklisted("b", sim.now) and sim.state.restarts == 0
+    assert not any(w.status is WorkerStatus.STOPPING for w in sim.members()
+                   if w.slot.host == "a")
+    assert not of(ev.Fail, actions)
