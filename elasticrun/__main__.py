@@ -12,7 +12,7 @@ def main() -> None:
     # long as the driver runs.
     gc.disable()
     try:
-        from elasticrun.cli import main as run_command
+        from elasticrun.cli.entry import main as run_command
     finally:
         gc.freeze()
         gc.enable()

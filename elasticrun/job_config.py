@@ -12,7 +12,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from elasticrun import protocol
-from elasticrun.config import AGENT_LAUNCHERS, DriverConfig
+from elasticrun.config import (
+    AGENT_LAUNCHERS,
+    DEFAULT_INIT_TIMEOUT_S,
+    DEFAULT_MAX_RESTARTS,
+    DriverConfig,
+    TorchrunSettings,
+)
 from elasticrun.discovery import HostDiscovery, HostfileDiscovery, ScriptDiscovery, StaticDiscovery
 from elasticrun.discovery.parsing import parse_hosts_flag
 from elasticrun.discovery.plugins import DiscoveryOptions, load_discovery, parse_spec
@@ -72,6 +78,11 @@ def build_config(
     backend: str = "auto",
     launcher: str = DEFAULT_LAUNCHER,
     agent_token_file: Path | None = None,
+    max_restarts: int = DEFAULT_MAX_RESTARTS,
+    init_timeout: float = DEFAULT_INIT_TIMEOUT_S,
+    torchrun: TorchrunSettings | None = None,
+    stop_grace_period: float | None = None,
+    agent_token: str | None = None,  # the token itself (torchrun's form), not from a file
 ) -> DriverConfig:
     default_slots = slots_per_host or 1
     static_hosts = None
@@ -99,8 +110,9 @@ def build_config(
     elastic = min_np is not None or discovery_script is not None or discovery is not None
     token = read_secret(webhook_token_file, protocol.ENV_WEBHOOK_TOKEN, "--webhook-token-file")
     key = read_secret(event_secret_file, protocol.ENV_EVENT_SECRET, "--event-secret-file")
-    agent_token = read_secret(agent_token_file, protocol.ENV_AGENT_TOKEN,
-                               "--agent-token-file")
+    if agent_token is None:
+        agent_token = read_secret(agent_token_file, protocol.ENV_AGENT_TOKEN,
+                                  "--agent-token-file")
     for name, value in (("webhook", token), ("agent", agent_token)):
         if value is not None and len(value) < MIN_TOKEN_LENGTH:
             raise ConfigError(f"the {name} token is {len(value)} characters; use at least "
@@ -127,6 +139,9 @@ def build_config(
         start_timeout=start_timeout,
         elastic_timeout=elastic_timeout,
         reset_limit=reset_limit,
+        max_restarts=max_restarts,
+        init_timeout=init_timeout,
+        torchrun=torchrun or TorchrunSettings(),
         blacklist_cooldown=blacklist_cooldown_range,
         collective_timeout=collective_timeout,
         driver_timeout=driver_timeout,
@@ -159,6 +174,8 @@ def build_config(
                           f"of --launcher local, ssh or auto and those under elasticrun "
                           f"agents; --launcher {launcher_target}'s workers end with it, so "
                           f"there would be nothing to take back")
+    if stop_grace_period is not None:
+        config = replace(config, stop_grace_period=stop_grace_period)
     if config.uses_agents and not config.bind:
         # Agents connect from wherever they run (every request is authenticated).
         config = replace(config, bind=("0.0.0.0",))

@@ -88,3 +88,15 @@ def thread_cpu_seconds(pid: int, tid: int) -> float | None:
 
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def thread_activity(pid: int, tid: int) -> tuple[float, int] | None:
+    """CPU seconds thread `tid` of process `pid` has used, and how many times it has been
+    put on a CPU: a count that stands still means the thread sleeps in one wait (it may
+    use no CPU yet wake often, as a loop of short sleeps does). None if unknown."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as stat:
+            run_ns, _, slices = stat.read().split()[:3]
+        return int(run_ns) / 1e9, int(slices)
+    except (OSError, ValueError):
+        return None

@@ -44,6 +44,12 @@ ENV_BACKEND = "ELASTICRUN_BACKEND"
 # "1" when the job's membership may change (--min-np, --max-np, discovery), else "0".
 ENV_ELASTIC = "ELASTICRUN_ELASTIC"
 ENV_CUDA_DEVICE = "ELASTICRUN_CUDA_DEVICE"
+# The round a worker was started for: a script that never calls er.init() stays in it, and
+# its foothold (worker/foothold.py) reports for it.
+ENV_ROUND = "ELASTICRUN_ROUND"
+# Modules a worker template imports besides torch (comma-separated); "0" also turns off
+# the imports it takes from the script itself (worker/preload.py).
+ENV_PRELOAD = "ELASTICRUN_PRELOAD"
 # --timeline-filename: record from init() on ("1"), with a CYCLE mark per optimizer step.
 ENV_TIMELINE = "ELASTICRUN_TIMELINE"
 ENV_TIMELINE_MARK_CYCLES = "ELASTICRUN_TIMELINE_MARK_CYCLES"

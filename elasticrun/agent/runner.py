@@ -7,7 +7,10 @@
 - SIGTERM (pod eviction, Slurm preemption): a drain. The driver lets its workers leave at
   the next commit; once they have, the agent says bye and exits 0. A second SIGTERM or
   SIGINT stops them at once.
-- The job's end (the driver says so): it stops what is left and exits 0.
+- The job's end (the driver says so): it stops what is left and exits 0 (or, with
+  `exit_with_job`, as torchrun does on every node: 0 when the job succeeded, else non-zero).
+- Its first connection may wait for a driver that starts later (torchrun's form starts
+  the same line on every node at once): it keeps trying for `first_contact_timeout`.
 """
 
 from __future__ import annotations
@@ -47,6 +50,12 @@ class AgentSettings:
     drain_timeout: float = 600.0
     working_dir: Path | None = None
     ready_file: Path | None = None  # exists while connected (a Kubernetes readiness probe)
+    # How long the first connection keeps being tried (None: driver_grace); later ones,
+    # after a loss, are bounded by driver_grace.
+    first_contact_timeout: float | None = None
+    exit_with_job: bool = False  # exit with the job's result rather than 0 at its end
+    # What a refusal of this agent's token suggests checking.
+    token_hint: str = "is --token-file the job's agent token?"
 
 
 class Refused(Exception):
@@ -64,6 +73,7 @@ class Agent:
         self._outbox = Outbox()
         self._workers = AgentWorkers(settings.token, settings.working_dir, self._outbox.put)
         self._last_heard = time.monotonic()
+        self._welcomed = False  # a driver took this agent once
         self._draining = False
         self._ending: asyncio.Task[None] | None = None  # the job is over: its workers stop
         self._result: asyncio.Future[int] = asyncio.get_running_loop().create_future()
@@ -88,8 +98,12 @@ class Agent:
             return 2
         except DriverGone:
             count = len(self._workers)
-            log.error("the driver at %s has not answered for %gs: stopping %d worker(s)",
-                      self.settings.driver, self.settings.driver_grace, count)
+            if self._welcomed:
+                log.error("the driver at %s has not answered for %gs: stopping %d worker(s)",
+                          self.settings.driver, self.settings.driver_grace, count)
+            else:
+                log.error("could not reach the driver at %s within %gs", self.settings.driver,
+                          self._patience())
             await self._workers.stop_all(self.settings.stop_grace)
             return 1
         finally:
@@ -168,8 +182,16 @@ class Agent:
     def _check_grace(self, why: str) -> None:
         silent = time.monotonic() - self._last_heard
         log.debug("driver unreachable for %.1fs: %s", silent, why)
-        if silent > self.settings.driver_grace:
+        if silent > self._patience():
             raise DriverGone
+
+    def _patience(self) -> float:
+        """How long the driver may stay unreachable: its grace, or, before it ever
+        answered, the first contact's timeout."""
+        first = self.settings.first_contact_timeout
+        if self._welcomed or first is None:
+            return self.settings.driver_grace
+        return max(first, self.settings.driver_grace)
 
     async def _connect(self, session: aiohttp.ClientSession
                        ) -> aiohttp.ClientWebSocketResponse:
@@ -183,7 +205,7 @@ class Agent:
             reason = (exc.headers.get(wire.REFUSED_HEADER) if exc.headers else None) \
                 or exc.message
             if exc.status == 401:
-                raise Refused(f"{reason} (is --token-file the job's agent token?)") from None
+                raise Refused(f"{reason} ({self.settings.token_hint})") from None
             raise aiohttp.ClientError(f"{reason} ({exc.status})") from None
         # Workers that ended while the driver was away count too: their exits are queued.
         known = self._workers.ids() + self._outbox.exited()
@@ -198,6 +220,7 @@ class Agent:
             await ws.close()
             raise aiohttp.ClientError("no welcome from the driver")
         self._last_heard = time.monotonic()
+        self._welcomed = True
         self._set_ready(True)
         log.info("connected to the driver at %s (job %s) as host %s with %d slot(s)",
                  self.settings.driver, message.job, self.settings.host, self.settings.slots)
@@ -255,7 +278,15 @@ class Agent:
                      len(self._workers))
             # Not awaited here: the driver hangs up meanwhile, and the end of this connection
             # must not cut the stop short (and leave the agent reconnecting to no driver).
-            self._ending = asyncio.get_running_loop().create_task(self._stop_and_finish(0))
+            self._ending = asyncio.get_running_loop().create_task(
+                self._stop_and_finish(self._end_code(message.code)))
+
+    def _end_code(self, job_code: int) -> int:
+        """The agent's exit code at the job's end (the job's own code: 0 success, 1
+        failure, 128+N a signal)."""
+        if not self.settings.exit_with_job or job_code == 0:
+            return 0
+        return job_code if 0 < job_code < 256 else 1
 
     async def _ping(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         while True:

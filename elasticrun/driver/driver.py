@@ -182,7 +182,7 @@ class Driver:
 
     def _open_pool(self, address: str, port: int, all_local: bool) -> None:
         self._workers.open(self._secret, address, port, all_local,
-                           {**self._timeline.worker_env(), **self._extra_env})
+                           {**self._timeline.worker_env(), **self._extra_env}, self.job_id)
 
     def _handle(self, event: ev.Event, now: float) -> list[ev.Action]:
         actions = self.machine.handle(event, now)

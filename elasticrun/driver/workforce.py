@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from elasticrun.config import DriverConfig
-from elasticrun.driver.processes.output import OutputRouter
+from elasticrun.driver.processes.output import OutputRouter, run_directory
 from elasticrun.driver.processes.placement import Placement
 from elasticrun.driver.processes.pool import PoolSettings, WorkerPool
-from elasticrun.driver.processes.records import EnvSettings
+from elasticrun.driver.processes.records import EnvSettings, Placed
 from elasticrun.driver.rounds import events as ev
 from elasticrun.driver.rounds import resume
+from elasticrun.driver.rounds.assignment import hosts_in_rank_order
 from elasticrun.driver.rounds.machine import RoundMachine
 from elasticrun.driver.server.app import WorkerServer
 from elasticrun.driver.server.listen import covered, dial_address
@@ -48,16 +50,24 @@ class Workforce:
         return self._placement
 
     def open(self, secret: str, address: str, port: int, all_local: bool,
-             extra_env: Mapping[str, str]) -> None:
+             extra_env: Mapping[str, str], job_id: str) -> None:
         """The pool, once the driver's address and port are known."""
         config = self._config
+        run_id = config.torchrun.run_id or job_id
+        log_dir = config.torchrun.log_dir
+        error_dir = Path("/tmp")
+        if log_dir is not None:  # error files go there (the workers' hosts make it too)
+            error_dir = run_directory(log_dir, run_id)
+            error_dir.mkdir(parents=True, exist_ok=True)
         env = EnvSettings(
             rendezvous_addr=address, rendezvous_port=port, secret=secret,
             collective_timeout=config.collective_timeout,
             round_timeout=config.start_timeout + config.elastic_timeout,
             driver_timeout=config.driver_timeout, backend=config.backend, elastic=config.elastic,
             hang_detection=config.hang_detection,
-            gloo_interface=config.network_interface or ("lo" if all_local else None))
+            gloo_interface=config.network_interface or ("lo" if all_local else None),
+            run_id=run_id, max_restarts=config.max_restarts, torchrun=config.torchrun,
+            error_dir=error_dir)
         settings = PoolSettings(config.command, config.working_dir, config.stop_grace_period,
                                 env, launcher_env(), extra_env)
         self.pool = WorkerPool(settings, self._launcher, self._dial_address, self._output,
@@ -71,9 +81,11 @@ class Workforce:
             self._master = (action.assignment,
                             self._placement.master_endpoint(action.assignment))
         master = self._master[1]
+        hosts = hosts_in_rank_order(action.assignment)
+        placed = Placed(action.assignment[action.slot], action.round,
+                        hosts.index(action.slot.host), len(hosts), action.restarts)
         try:
-            await self.pool.spawn(action.worker, action.slot, action.assignment[action.slot],
-                                  master)
+            await self.pool.spawn(action.worker, action.slot, placed, master)
         except SpawnError as exc:
             self._post(ev.SpawnFailed(action.worker, str(exc)))
             return

@@ -63,6 +63,12 @@ class AgentLauncher:
         link = self._hub.link(host)
         return link.local if link is not None else None
 
+    def host_address(self, host: str) -> str | None:
+        """Where the host is, as the driver sees its agent's connection come from: the
+        other hosts reach it there too (MASTER_ADDR when its worker is rank 0)."""
+        link = self._hub.link(host)
+        return link.remote if link is not None and link.remote != "?" else None
+
     async def close(self) -> None:
         return None  # the hub, the driver's, tells the agents the job is over
 

@@ -46,8 +46,10 @@ PER_WORKER = frozenset({
     protocol.ENV_HOSTNAME, protocol.ENV_RANK, protocol.ENV_SIZE, protocol.ENV_LOCAL_RANK,
     protocol.ENV_LOCAL_SIZE, protocol.ENV_CROSS_RANK, protocol.ENV_CROSS_SIZE,
     protocol.ENV_RENDEZVOUS_ADDR, protocol.ENV_RENDEZVOUS_PORT, protocol.ENV_WORKER_ID,
-    protocol.ENV_SECRET, protocol.ENV_CUDA_DEVICE, "RANK", "WORLD_SIZE", "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES"})
+    protocol.ENV_SECRET, protocol.ENV_CUDA_DEVICE, protocol.ENV_ROUND, "RANK", "WORLD_SIZE",
+    "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES",
+    "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE",
+    "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_ERROR_FILE"})
 
 
 def python_program(command: Sequence[str]) -> bool:

@@ -62,6 +62,10 @@ class DriverClient:
     def unreachable_timeout(self) -> float:
         return self._unreachable_timeout
 
+    def bounded(self, unreachable_timeout: float) -> DriverClient:
+        """A client of the same driver that gives up sooner (a report at exit)."""
+        return DriverClient(self._host, self._port, self._secret, unreachable_timeout)
+
     def call(self, path: str, payload: dict[str, Any], wait: float = 0.0) -> dict[str, Any]:
         """POSTs `payload` to `path`; `wait` is how long the server may hold the request."""
         body = json.dumps(payload).encode()

@@ -53,6 +53,7 @@ class NoticeWatcher:
         self._latest = 0
         self._notices: deque[protocol.Notice] = deque(maxlen=64)
         self._handled_broken = 0
+        self._stopped = False
         self._thread = threading.Thread(target=self._loop, name="elasticrun-notices",
                                         daemon=True)
 
@@ -78,8 +79,12 @@ class NoticeWatcher:
     def start(self) -> None:
         self._thread.start()
 
+    def stop(self) -> None:
+        """Its current poll is its last (it ends within the poll's bound)."""
+        self._stopped = True
+
     def _loop(self) -> None:
-        while True:
+        while not self._stopped:
             watched = max(self._current_round(), self._handled_broken + 1)
             payload: dict[str, Any] = {"after": self._latest, "round": watched,
                                        "timeout": self._poll_s, "worker_id": self._worker_id,

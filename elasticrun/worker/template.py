@@ -12,8 +12,13 @@ interpreter shutdown are those of `python script.py`. The template reports each 
 start and exit; it never runs anything else, and it exits with its socket (and the workers
 it forked with it).
 
+Besides torch, the template imports what the job's script imports of installed packages
+(transformers, lightning: seconds each), so that workers started again after a restart
+do not (worker/preload.py). Each child runs elasticrun's foothold beside its script
+(worker/foothold.py).
+
 Run as `python -c "from elasticrun.worker.template import main; main()" FD [command...]`
-(the command only names the job in `ps`).
+(the command names the job in `ps`, and says what the script imports).
 """
 
 from __future__ import annotations
@@ -33,12 +38,18 @@ from collections.abc import Iterator
 from types import TracebackType
 from typing import Any
 
-PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "torch.optim", "elasticrun.torch")
+from elasticrun import protocol
+from elasticrun.worker import foothold
+from elasticrun.worker import preload as preloading
+
+PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "torch.optim", "elasticrun.torch",
+           "elasticrun.worker.foothold")
 _PR_SET_PDEATHSIG = 1
 MAX_REQUEST = 1 << 22
 
 
 def main() -> None:
+    preload_for(sys.argv[2:])
     program = serve(int(sys.argv[1]))  # returns only in a forked child
     run_program(program)
 
@@ -57,6 +68,27 @@ def preload() -> None:
         gc.enable()
 
 
+def preload_for(command: list[str]) -> None:
+    """preload(), then what the job's script imports (worker/preload.py), as long as the
+    process can still fork safely after them; otherwise the template starts over without
+    them (its workers import them themselves)."""
+    preload()
+    wanted = preloading.wanted(command, os.getcwd(), os.environ)
+    if not wanted:
+        return
+    threads = preloading.thread_count()
+    gc.disable()
+    try:
+        preloading.import_all(wanted)
+    finally:
+        gc.enable()
+    with open("/proc/self/maps") as maps:
+        cuda = cuda_driver_loaded(maps.read())
+    if not preloading.fork_safe(threads, cuda):
+        os.environ[protocol.ENV_PRELOAD] = "0"
+        os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+
+
 def cuda_driver_loaded(maps: str) -> bool:
     """Whether this process (its /proc/self/maps) loaded the CUDA driver: a child forked
     after that cannot use CUDA ("initialization error"), so the template must not fork."""
@@ -66,7 +98,6 @@ def cuda_driver_loaded(maps: str) -> bool:
 
 def serve(fd: int) -> list[str]:
     sock = socket.socket(fileno=fd)
-    preload()
     with open("/proc/self/maps") as maps:
         if cuda_driver_loaded(maps.read()):  # an import touched the GPU: exec every worker
             sock.sendall(b'{"ready": false}')
@@ -169,7 +200,9 @@ def _reseed() -> None:
 
 
 def run_program(argv: list[str]) -> None:
-    """`argv` (python script args..., or python -m module args...) at the top level."""
+    """`argv` (python script args..., or python -m module args...) at the top level, with
+    elasticrun's foothold beside it (worker/foothold.py)."""
+    foothold.start_from_env()
     if argv[1] == "-m":
         sys.argv = [argv[2], *argv[3:]]
         sys.path[0] = os.getcwd()
@@ -195,5 +228,7 @@ def _user_frames_only(script: str | None) -> Any:
                                   or tb.tb_frame.f_code.co_filename == "<string>"):
             tb = tb.tb_next
         traceback.print_exception(kind, value, tb)
+        sys.stderr.flush()
+        foothold.failed(value)
 
     return hook

@@ -19,14 +19,23 @@ def imported_after(statement: str) -> set[str]:
 
 
 def test_driver_never_imports_torch() -> None:
-    modules = imported_after("import elasticrun.cli, elasticrun.driver.driver")
+    modules = imported_after("import elasticrun.cli.entry, elasticrun.driver.driver")
     assert "torch" not in modules
 
 
 def test_agent_never_imports_torch_or_ssh() -> None:
     """`elasticrun agent` runs on every node, in images that may lack both."""
-    modules = imported_after("import elasticrun.agent.cli, elasticrun.agent.runner")
+    modules = imported_after("import elasticrun.cli.agent, elasticrun.agent.runner")
     assert not modules & {"torch", "paramiko"}
+
+
+def test_cli_face_is_lazy() -> None:
+    """`elasticrun agent` and `elasticrun status` load their own module, not the driver."""
+    code = ("import sys, elasticrun.cli.agent, elasticrun.cli.status; "
+            "print('\\n'.join(sorted(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                         text=True, check=True).stdout.split()
+    assert not [name for name in out if name.startswith("elasticrun.driver")]
 
 
 def test_worker_library_never_imports_launcher_dependencies() -> None:

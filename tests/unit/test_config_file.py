@@ -1,4 +1,5 @@
-"""Unit tests for --config-file (elasticrun.config_file), through the real `cli` and directly."""
+"""Unit tests for --config-file (elasticrun.cli.config_file), through the real `cli` and
+directly."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import elasticrun.cli
+import elasticrun.cli.horovodrun
 from elasticrun.cli import cli, main
-from elasticrun.config_file import MAX_BYTES, load_config_file
+from elasticrun.cli.config_file import MAX_BYTES, load_config_file
 from elasticrun.errors import ConfigError
 
 
@@ -30,8 +31,8 @@ def captured(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         seen.update(kwargs)
         raise SystemExit(0)
 
-    monkeypatch.setattr(elasticrun.cli, "build_config", fake_build_config)
-    monkeypatch.setattr(elasticrun.cli, "setup_logging",
+    monkeypatch.setattr(elasticrun.cli.horovodrun, "build_config", fake_build_config)
+    monkeypatch.setattr(elasticrun.cli.horovodrun, "setup_logging",
                         lambda level: seen.__setitem__("log_level", level))
     return seen
 

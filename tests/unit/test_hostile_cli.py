@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from elasticrun import cli
+from elasticrun.cli import entry, horovodrun, job
 
 VALUED_FLAGS = ["-np", "--min-np", "--max-np", "-H", "--discovery-interval",
                 "--discovery-timeout", "--slots-per-host", "--start-timeout",
@@ -32,10 +32,10 @@ def run_main(args: list[str]) -> tuple[int | None, str]:
     """main(args) with the driver replaced: (exit code or None if accepted, stderr)."""
     raw = io.BytesIO()
     stderr = io.TextIOWrapper(raw, encoding="utf-8", errors="replace")
-    with mock.patch.object(cli, "OutputRouter", side_effect=Started), \
-            mock.patch.object(cli, "setup_logging"), contextlib.redirect_stderr(stderr):
+    with mock.patch.object(job, "OutputRouter", side_effect=Started), \
+            mock.patch.object(horovodrun, "setup_logging"), contextlib.redirect_stderr(stderr):
         try:
-            cli.main(args)
+            entry.main(args)
             code: int | None = 0
         except Started:
             code = None

@@ -26,9 +26,9 @@ import click
 import pytest
 import yaml
 
-from elasticrun.agent.cli import agent_command, agent_settings
 from elasticrun.agent.runner import AgentSettings
 from elasticrun.cli import cli
+from elasticrun.cli.agent import agent_command, agent_settings
 from elasticrun.config import DriverConfig
 from elasticrun.driver.journal.files import NAME as JOURNAL
 from elasticrun.errors import ConfigError
@@ -397,7 +397,7 @@ def test_every_elasticrun_container_parses(role: str, tmp_path: Path,
         elif role == "agent":
             parse_agent(box, tmp_path, pod_env)
         else:
-            from elasticrun.status_cli import status_command
+            from elasticrun.cli.status import status_command
 
             args = (box.elasticrun_args() or [])[1:]
             with refused_says_where(box, args):

@@ -1,5 +1,5 @@
 """Unit tests for the job status (elasticrun.driver.operate.status) and `elasticrun status`
-(elasticrun.status_cli): host states, the /status JSON, its table, and fetching it over HTTP."""
+(elasticrun.cli.status): host states, the /status JSON, its table, and fetching it over HTTP."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from elasticrun.cli.status import fetch_status, format_status
 from elasticrun.driver.hosts.registry import BlacklistEntry
 from elasticrun.driver.operate.status import JobView, build_status, count_states, host_states
 from elasticrun.driver.rounds.assignment import assign
 from elasticrun.errors import ElasticrunError
-from elasticrun.status_cli import fetch_status, format_status
 
 NOW = 500.0
 WALL = 1_700_000_000.0

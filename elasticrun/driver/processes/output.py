@@ -2,6 +2,11 @@
 
 Per-rank files (`DIR/rank.N/stdout|stderr`) are opened for appending, so a rank that
 is respawned or renumbered adds to its file and never overwrites it.
+
+torchrun's --log-dir, --redirects, --tee and --local-ranks-filter (WorkerLogs): a stream of
+a local rank that --redirects or --tee names is kept in `LOG_DIR/<run id>/rank.N/`, the same
+layout; a redirected one (not also teed) leaves the console; the filter limits the console
+to the local ranks it names. Files keep everything, whatever the filter.
 """
 
 from __future__ import annotations
@@ -10,11 +15,62 @@ import asyncio
 import datetime
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from elasticrun.config import TorchrunSettings
+
 CHUNK = 64 * 1024
 STDERR_TAIL_LINES = 20
+EVERY_LOCAL_RANK = -1  # a redirects/tee entry for every local rank (torchrun's "-r 3")
+Streams = tuple[tuple[int, tuple[str, ...]], ...]  # local rank -> streams
+
+
+def run_directory(log_dir: Path, run_id: str) -> Path:
+    """Where --log-dir keeps one run's files (its workers' output, their error files)."""
+    name = run_id.replace("/", "_")
+    return log_dir / (name if name not in ("", ".", "..") else "_")
+
+
+@dataclass(frozen=True)
+class WorkerLogs:
+    """Which streams of which local ranks are kept in files and which reach the console,
+    as torchrun's --redirects, --tee and --local-ranks-filter say."""
+
+    root: Path | None  # --log-dir; a run's files go to root/<run id>
+    redirects: Streams = ()  # kept in files, off the console
+    tee: Streams = ()  # kept in files, and on the console
+    local_ranks_filter: frozenset[int] | None = None  # None: every local rank's console
+
+    @classmethod
+    def of(cls, settings: TorchrunSettings) -> WorkerLogs | None:
+        """None when the settings ask for nothing beyond the console (torchrun's default)."""
+        if not (settings.redirects or settings.tee or settings.local_ranks_filter is not None):
+            return None
+        return cls(settings.log_dir, settings.redirects, settings.tee,
+                   settings.local_ranks_filter)
+
+    def kept(self, local_rank: int, stream: str) -> bool:
+        return self.root is not None and (stream in _streams(self.redirects, local_rank)
+                                          or stream in _streams(self.tee, local_rank))
+
+    def shown(self, local_rank: int, stream: str) -> bool:
+        if self.local_ranks_filter is not None and local_rank not in self.local_ranks_filter:
+            return False
+        return (stream not in _streams(self.redirects, local_rank)
+                or stream in _streams(self.tee, local_rank))
+
+
+def _streams(table: Streams, local_rank: int) -> tuple[str, ...]:
+    """A local rank's entry, else the entry for every local rank, else none."""
+    every: tuple[str, ...] = ()
+    for rank, streams in table:
+        if rank == local_rank:
+            return streams
+        if rank == EVERY_LOCAL_RANK:
+            every = streams
+    return every
 
 
 class OutputRouter:
@@ -24,11 +80,19 @@ class OutputRouter:
         terminal_err: BinaryIO,
         output_dir: Path | None = None,
         timestamps: bool = False,
+        logs: WorkerLogs | None = None,
     ) -> None:
         self._terminal = {"stdout": terminal_out, "stderr": terminal_err}
         self._output_dir = output_dir
         self._timestamps = timestamps
-        self._files: dict[tuple[int, str], BinaryIO] = {}
+        self._logs = logs
+        self._run_dir = logs.root if logs is not None else None  # root/<run id> once named
+        self._files: dict[tuple[Path, int, str], BinaryIO] = {}
+
+    def name_run(self, run_id: str) -> None:
+        """The run whose files --log-dir keeps: they go to LOG_DIR/<run id>/rank.N/."""
+        if self._logs is not None and self._logs.root is not None:
+            self._run_dir = run_directory(self._logs.root, run_id)
 
     async def pump(
         self,
@@ -36,6 +100,7 @@ class OutputRouter:
         stream: str,
         rank_of: Callable[[], int],
         tail: deque[str] | None = None,
+        local_rank: int = EVERY_LOCAL_RANK,
     ) -> None:
         """Forwards `reader` line by line until EOF. Partial last lines are forwarded too."""
         pending = b""
@@ -46,31 +111,39 @@ class OutputRouter:
             pending += chunk
             *lines, pending = pending.split(b"\n")
             if lines:
-                self._emit(lines, stream, rank_of(), tail)
+                self._emit(lines, stream, rank_of(), tail, local_rank)
         if pending:
-            self._emit([pending], stream, rank_of(), tail)
+            self._emit([pending], stream, rank_of(), tail, local_rank)
 
-    def _emit(self, lines: list[bytes], stream: str, rank: int, tail: deque[str] | None) -> None:
+    def _emit(self, lines: list[bytes], stream: str, rank: int, tail: deque[str] | None,
+              local_rank: int = EVERY_LOCAL_RANK) -> None:
         stamp = b""
         if self._timestamps:
             stamp = datetime.datetime.now().isoformat(timespec="microseconds").encode() + b" "
-        prefix = stamp + f"[{rank}]<{stream}>:".encode()
-        terminal = self._terminal[stream]
-        terminal.write(b"".join(prefix + line + b"\n" for line in lines))
-        terminal.flush()
-        file = self._file(rank, stream)
-        if file is not None:
+        if self._logs is None or self._logs.shown(local_rank, stream):
+            prefix = stamp + f"[{rank}]<{stream}>:".encode()
+            terminal = self._terminal[stream]
+            terminal.write(b"".join(prefix + line + b"\n" for line in lines))
+            terminal.flush()
+        for directory in self._directories(local_rank, stream):
+            file = self._file(directory, rank, stream)
             file.write(b"".join(stamp + line + b"\n" for line in lines))
             file.flush()
         if tail is not None:
             tail.extend(line.decode(errors="replace").rstrip("\r") for line in lines)
 
-    def _file(self, rank: int, stream: str) -> BinaryIO | None:
-        if self._output_dir is None:
-            return None
-        key = (rank, stream)
+    def _directories(self, local_rank: int, stream: str) -> list[Path]:
+        """Where this stream of this local rank is kept: --output-filename, --log-dir."""
+        found = [self._output_dir] if self._output_dir is not None else []
+        if self._logs is not None and self._run_dir is not None \
+                and self._logs.kept(local_rank, stream):
+            found.append(self._run_dir)
+        return found
+
+    def _file(self, base: Path, rank: int, stream: str) -> BinaryIO:
+        key = (base, rank, stream)
         if key not in self._files:
-            directory = self._output_dir / f"rank.{rank}"
+            directory = base / f"rank.{rank}"
             directory.mkdir(parents=True, exist_ok=True)
             self._files[key] = open(directory / stream, "ab")  # noqa: SIM115 - kept open
         return self._files[key]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 
 from elasticrun.config import DriverConfig
-from elasticrun.driver.rounds.assignment import Assignment
+from elasticrun.driver.rounds.assignment import Assignment, hosts_in_rank_order
 from elasticrun.launch.base import Launcher, is_local_host, local_names
 from elasticrun.netif import address_towards, interface_address
 
@@ -53,11 +53,22 @@ class Placement:
         return self._addresses[host]
 
     def master_endpoint(self, assignment: Assignment) -> tuple[str, int]:
-        """MASTER_ADDR/MASTER_PORT for torchrun-style scripts: rank 0's host, a free port."""
-        rank0 = min(assignment.items(), key=lambda item: item[1].rank)[0].host
-        if self.is_local(rank0):
+        """MASTER_ADDR/MASTER_PORT for torchrun-style scripts (rank 0 runs its TCPStore
+        there): where every host of the round reaches rank 0's host, and a free port. The
+        launcher's word first (an agent's host is where its connection comes from); a round
+        all on this machine uses loopback; this machine as rank 0's host of a round across
+        machines, the address the others dial the driver at."""
+        hosts = hosts_in_rank_order(assignment)
+        where = getattr(self._launcher, "host_address", None)
+        address = where(hosts[0]) if where is not None else None
+        if address is not None:
+            return address, _free_port()
+        remote = [host for host in hosts if not self.is_local(host)]
+        if not remote:
             return "127.0.0.1", _free_port()
-        return rank0, _free_port()
+        if self.is_local(hosts[0]):
+            return self.address_for(remote[0]), _free_port()
+        return hosts[0], _free_port()
 
 
 def _free_port() -> int:

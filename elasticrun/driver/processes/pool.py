@@ -16,13 +16,13 @@ from elasticrun.driver.processes.output import OutputRouter
 from elasticrun.driver.processes.records import (
     INTRA_OP_THREADS,
     EnvSettings,
+    Placed,
     WorkerProcessRecord,
     job_env,
 )
 from elasticrun.driver.rounds.assignment import SlotId
 from elasticrun.launch.base import Launcher, WorkerProcess, WorkerSpec
 from elasticrun.process_view import ProcessState, ProcessView
-from elasticrun.protocol import SlotInfo
 from elasticrun.timed import within
 
 log = logging.getLogger("elasticrun.driver")
@@ -68,11 +68,11 @@ class WorkerPool:
         record = self._processes.get(worker_id)
         return list(record.stderr_tail) if record is not None else []
 
-    async def spawn(self, worker_id: str, slot: SlotId, info: SlotInfo,
+    async def spawn(self, worker_id: str, slot: SlotId, placed: Placed,
                     master: tuple[str, int]) -> None:
         """Starts a worker; raises SpawnError."""
         settings = self._settings
-        env = job_env(settings.env_settings, worker_id, info, *master, settings.launcher_env)
+        env = job_env(settings.env_settings, worker_id, placed, *master, settings.launcher_env)
         defaulted_threads = INTRA_OP_THREADS in env and INTRA_OP_THREADS not in settings.extra_env
         env.update(settings.extra_env)
         if defaulted_threads and not self._threads_told:
@@ -96,10 +96,12 @@ class WorkerPool:
     async def _watch(self, record: WorkerProcessRecord) -> None:
         process = record.process
         rank = lambda: self._rank_of(record.id)  # noqa: E731 - its rank changes with rounds
+        local_rank = record.slot.index  # a slot's index on its host is its local rank
         pumps = [
-            asyncio.create_task(self._output.pump(process.stdout, "stdout", rank)),
+            asyncio.create_task(self._output.pump(process.stdout, "stdout", rank,
+                                                  local_rank=local_rank)),
             asyncio.create_task(self._output.pump(process.stderr, "stderr", rank,
-                                                  record.stderr_tail)),
+                                                  record.stderr_tail, local_rank)),
         ]
         code = await process.wait()
         _, pending = await asyncio.wait(pumps, timeout=PUMP_DRAIN_S)

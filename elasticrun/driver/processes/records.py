@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 import secrets
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from elasticrun import protocol
+from elasticrun.config import TorchrunSettings
 from elasticrun.driver.processes.output import new_tail
 from elasticrun.driver.rounds.assignment import SlotId
 from elasticrun.launch.base import WorkerProcess
 from elasticrun.protocol import SlotInfo
 
 _serial = itertools.count(1)
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")  # what a run id may not bring into a file name
 # torchrun's default for workers that share a host: one intra-op thread each, unless the
 # user says otherwise (N workers of a thread per core each would overload the host's cores).
 INTRA_OP_THREADS = "OMP_NUM_THREADS"
@@ -54,12 +58,28 @@ class EnvSettings:
     backend: str = "auto"
     elastic: bool = True  # the membership may change (process sets are refused then)
     hang_detection: bool = True  # workers report stalled collectives
+    run_id: str = "none"  # TORCHELASTIC_RUN_ID
+    max_restarts: int = 0  # TORCHELASTIC_MAX_RESTARTS
+    torchrun: TorchrunSettings = field(default_factory=TorchrunSettings)
+    error_dir: Path = Path("/tmp")  # where @record's error files go (TORCHELASTIC_ERROR_FILE)
+
+
+@dataclass(frozen=True)
+class Placed:
+    """Where one worker starts: its slot in its round, its host's place among the round's
+    hosts (torchrun's group), and the round's count of restarts so far."""
+
+    info: SlotInfo
+    round: int = 0
+    group_rank: int = 0
+    group_size: int = 1
+    restarts: int = 0
 
 
 def job_env(
     settings: EnvSettings,
     worker_id: str,
-    info: SlotInfo,
+    placed: Placed,
     master_addr: str,
     master_port: int,
     inherited: Mapping[str, str],
@@ -68,6 +88,7 @@ def job_env(
     names, and how to reach the driver. The secret travels in the environment, never on a
     command line. Like torchrun, one intra-op thread per worker where a host runs several
     and OMP_NUM_THREADS is not set."""
+    info = placed.info
     env = {
         protocol.ENV_HOSTNAME: info.hostname,
         protocol.ENV_RANK: str(info.rank),
@@ -80,26 +101,60 @@ def job_env(
         protocol.ENV_RENDEZVOUS_PORT: str(settings.rendezvous_port),
         protocol.ENV_WORKER_ID: worker_id,
         protocol.ENV_SECRET: settings.secret,
+        protocol.ENV_ROUND: str(placed.round),
         protocol.ENV_COLLECTIVE_TIMEOUT: f"{settings.collective_timeout:g}",
         protocol.ENV_ROUND_TIMEOUT: f"{settings.round_timeout:g}",
         protocol.ENV_DRIVER_TIMEOUT: f"{settings.driver_timeout:g}",
         protocol.ENV_BACKEND: settings.backend,
         protocol.ENV_ELASTIC: "1" if settings.elastic else "0",
         protocol.ENV_HANG_DETECTION: "1" if settings.hang_detection else "0",
-        "RANK": str(info.rank),
-        "WORLD_SIZE": str(info.size),
-        "LOCAL_RANK": str(info.local_rank),
-        "LOCAL_WORLD_SIZE": str(info.local_size),
         "MASTER_ADDR": master_addr,
         "MASTER_PORT": str(master_port),
         "PYTHONUNBUFFERED": "1",
     }
+    env.update(torchrun_env(settings, placed))
     env.update(horovod_env(info))
     if settings.gloo_interface and "GLOO_SOCKET_IFNAME" not in inherited:
         env["GLOO_SOCKET_IFNAME"] = settings.gloo_interface
     if info.local_size > 1 and INTRA_OP_THREADS not in inherited:
         env[INTRA_OP_THREADS] = "1"
     return env
+
+
+def torchrun_env(settings: EnvSettings, placed: Placed) -> dict[str, str]:
+    """What torchrun's agent gives each worker (torch/distributed/elastic/agent/server/
+    local_elastic_agent.py), but MASTER_ADDR/PORT: rank 0's host and a port of its own per
+    round, where rank 0's TCPStore runs (the agent's store is not shared: there is none)."""
+    info, torchrun = placed.info, settings.torchrun
+    env = {
+        "RANK": str(info.rank),
+        "WORLD_SIZE": str(info.size),
+        "LOCAL_RANK": str(info.local_rank),
+        "LOCAL_WORLD_SIZE": str(info.local_size),
+        "GROUP_RANK": str(placed.group_rank),
+        "GROUP_WORLD_SIZE": str(placed.group_size),
+        "ROLE_RANK": str(info.rank),
+        "ROLE_WORLD_SIZE": str(info.size),
+        "ROLE_NAME": torchrun.role,
+        "TORCHELASTIC_RESTART_COUNT": str(placed.restarts),
+        "TORCHELASTIC_MAX_RESTARTS": str(settings.max_restarts),
+        "TORCHELASTIC_RUN_ID": settings.run_id,
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "TORCHELASTIC_ERROR_FILE": str(error_file(settings, placed)),
+    }
+    if torchrun.virtual_local_rank:
+        env["LOCAL_RANK"] = "0"
+        env["CUDA_VISIBLE_DEVICES"] = str(info.local_rank)
+    return env
+
+
+def error_file(settings: EnvSettings, placed: Placed) -> Path:
+    """Where torchrun's @record writes a worker's uncaught exception: one file per run,
+    attempt and rank, in a directory that exists (the worker's foothold makes it on its host
+    if need be, reads the file when the script fails, and tells the driver)."""
+    run = _UNSAFE.sub("_", settings.run_id)
+    return settings.error_dir / (f"torchelastic-error-{run}-attempt{placed.restarts}"
+                                 f"-rank{placed.info.rank}.json")
 
 
 def horovod_env(info: SlotInfo) -> dict[str, str]:

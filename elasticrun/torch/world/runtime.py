@@ -28,7 +28,7 @@ from elasticrun.torch.world.groups import group_count as _group_count  # noqa: F
 from elasticrun.torch.world.groups import init_process_group as _init_process_group
 from elasticrun.torch.world.joining import JoinTiming, join_next_round
 from elasticrun.torch.world.session import RoundSession
-from elasticrun.worker import timeline
+from elasticrun.worker import foothold, timeline
 from elasticrun.worker.client import DriverClient, DriverUnreachableError, RequestRefusedError
 from elasticrun.worker.liveness import StallWatch, watch_stalls
 from elasticrun.worker.notices import NoticeWatcher, ask_round_broken, stop_for_good
@@ -249,6 +249,7 @@ def init() -> None:
     # the process when the group is only destroyed during interpreter finalisation.
     atexit.register(_close)
     runtime = Runtime.from_env() if protocol.ENV_RENDEZVOUS_ADDR in os.environ else Runtime()
+    foothold.retire()  # this worker's own collectives report its stalls from now on
     try:
         runtime.start()
     except ConfigError as exc:  # e.g. --backend nccl without a GPU: one line, no traceback

@@ -12,20 +12,14 @@ import click
 
 from elasticrun import protocol
 from elasticrun.agent.runner import Agent, AgentSettings
+from elasticrun.cli.options import CONTEXT, positive
 from elasticrun.discovery.parsing import MAX_SLOTS_PER_HOST, check_host
 from elasticrun.errors import ConfigError
 from elasticrun.process_setup import setup_logging
 from elasticrun.tokens import MIN_TOKEN_LENGTH, read_secret
 
 
-def _positive(_ctx: click.Context, _param: click.Parameter, value: float) -> float:
-    if value <= 0:
-        raise click.BadParameter(f"must be positive, got {value:g}")
-    return value
-
-
-@click.command(context_settings={"help_option_names": ["-h", "--help"],
-                                 "max_content_width": 100})
+@click.command(context_settings=CONTEXT)
 @click.option("--driver", "driver", required=True, metavar="URL",
               help="The driver's server, e.g. http://driver:29400 (its --port).")
 @click.option("--token-file", type=click.Path(path_type=Path, dir_okay=False), metavar="FILE",
@@ -36,12 +30,12 @@ def _positive(_ctx: click.Context, _param: click.Parameter, value: float) -> flo
 @click.option("--host", "host", metavar="NAME",
               help="This host's name in the job [default: this machine's host name].")
 @click.option("--driver-grace", type=float, default=300.0, show_default=True,
-              callback=_positive, help="Seconds the driver may be unreachable before the "
+              callback=positive, help="Seconds the driver may be unreachable before the "
                                        "agent stops its workers and exits 1.")
 @click.option("--drain-timeout", type=float, default=600.0, show_default=True,
-              callback=_positive, help="After SIGTERM, seconds the workers get to leave at a "
+              callback=positive, help="After SIGTERM, seconds the workers get to leave at a "
                                        "commit before they are stopped.")
-@click.option("--stop-grace", type=float, default=5.0, show_default=True, callback=_positive,
+@click.option("--stop-grace", type=float, default=5.0, show_default=True, callback=positive,
               help="Seconds between SIGTERM and SIGKILL when a worker is stopped.")
 @click.option("--working-dir", type=click.Path(path_type=Path, file_okay=False),
               metavar="DIR", help="Directory workers run in [default: the driver's "

@@ -1,0 +1,123 @@
+"""torchrun's --log-dir, --redirects, --tee and --local-ranks-filter through a real
+OutputRouter: what reaches the console, and what is kept in LOG_DIR/<run id>/rank.N/."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from pathlib import Path
+
+import pytest
+
+from elasticrun.cli.torchrun_args import parse_std
+from elasticrun.config import TorchrunSettings
+from elasticrun.driver.processes.output import OutputRouter, WorkerLogs
+
+OUT, ERR = ("stdout",), ("stderr",)
+BOTH = ("stdout", "stderr")
+
+
+def settings(log_dir: Path | None, redirects: str = "", tee: str = "",
+             ranks: frozenset[int] | None = None) -> TorchrunSettings:
+    return TorchrunSettings(log_dir=log_dir, redirects=parse_std("-r", redirects or "0"),
+                            tee=parse_std("-t", tee or "0"), local_ranks_filter=ranks)
+
+
+def run_workers(router: OutputRouter, local_ranks: dict[int, int]) -> None:
+    """Each rank (its local rank given) prints `out-R` and `err-R`."""
+    async def main() -> None:
+        pumps = []
+        for rank, local_rank in local_ranks.items():
+            for stream in ("stdout", "stderr"):
+                reader = asyncio.StreamReader()
+                reader.feed_data(f"{stream[3:]}-{rank}\n".encode())
+                reader.feed_eof()
+                pumps.append(router.pump(reader, stream, lambda r=rank: r,
+                                         local_rank=local_rank))
+        await asyncio.gather(*pumps)
+
+    asyncio.run(main())
+
+
+def routed(tmp_path: Path, logs: WorkerLogs | None, run_id: str = "run1"
+           ) -> tuple[set[str], set[str], dict[str, str]]:
+    """(console stdout lines, console stderr lines, {relative file path: its text})."""
+    out, err = io.BytesIO(), io.BytesIO()
+    router = OutputRouter(out, err, None, False, logs)
+    router.name_run(run_id)
+    run_workers(router, {0: 0, 1: 1, 2: 0, 3: 1})  # two nodes of two local ranks
+    router.close()
+    files = {str(p.relative_to(tmp_path)): p.read_text()
+             for p in sorted(tmp_path.rglob("*")) if p.is_file()}
+    return set(out.getvalue().decode().split()), set(err.getvalue().decode().split()), files
+
+
+ALL_OUT = {"[0]<stdout>:out-0", "[1]<stdout>:out-1", "[2]<stdout>:out-2", "[3]<stdout>:out-3"}
+ALL_ERR = {"[0]<stderr>:err-0", "[1]<stderr>:err-1", "[2]<stderr>:err-2", "[3]<stderr>:err-3"}
+
+
+def test_torchruns_default_is_the_console_only(tmp_path: Path) -> None:
+    assert WorkerLogs.of(settings(tmp_path)) is None
+    assert routed(tmp_path, None) == (ALL_OUT, ALL_ERR, {})
+
+
+def test_redirect_everything(tmp_path: Path) -> None:
+    out, err, files = routed(tmp_path, WorkerLogs.of(settings(tmp_path, redirects="3")))
+    assert out == set() and err == set()
+    assert files == {f"run1/rank.{r}/{s}": f"{s[3:]}-{r}\n"
+                     for r in range(4) for s in ("stdout", "stderr")}
+
+
+def test_redirect_one_stream_of_one_local_rank(tmp_path: Path) -> None:
+    out, err, files = routed(tmp_path, WorkerLogs.of(settings(tmp_path, redirects="0:1")))
+    assert out == {"[1]<stdout>:out-1", "[3]<stdout>:out-3"} and err == ALL_ERR
+    assert files == {"run1/rank.0/stdout": "out-0\n", "run1/rank.2/stdout": "out-2\n"}
+
+
+def test_tee_keeps_and_shows(tmp_path: Path) -> None:
+    out, err, files = routed(tmp_path, WorkerLogs.of(settings(tmp_path, tee="2")))
+    assert out == ALL_OUT and err == ALL_ERR
+    assert files == {f"run1/rank.{r}/stderr": f"err-{r}\n" for r in range(4)}
+
+
+def test_tee_wins_over_redirect(tmp_path: Path) -> None:
+    logs = WorkerLogs.of(settings(tmp_path, redirects="3", tee="1:1"))
+    out, err, files = routed(tmp_path, logs)
+    assert out == {"[1]<stdout>:out-1", "[3]<stdout>:out-3"} and err == set()
+    assert len(files) == 8
+
+
+def test_local_ranks_filter_limits_the_console_only(tmp_path: Path) -> None:
+    logs = WorkerLogs.of(settings(tmp_path, tee="3", ranks=frozenset({0})))
+    out, err, files = routed(tmp_path, logs)
+    assert out == {"[0]<stdout>:out-0", "[2]<stdout>:out-2"}
+    assert err == {"[0]<stderr>:err-0", "[2]<stderr>:err-2"}
+    assert len(files) == 8  # files keep every rank
+
+
+def test_filter_without_a_log_dir(tmp_path: Path) -> None:
+    out, err, files = routed(tmp_path, WorkerLogs.of(settings(None, ranks=frozenset({1}))))
+    assert out == {"[1]<stdout>:out-1", "[3]<stdout>:out-3"} and files == {}
+
+
+def test_output_filename_and_log_dir_together(tmp_path: Path) -> None:
+    out = io.BytesIO()
+    router = OutputRouter(out, io.BytesIO(), tmp_path / "all", False,
+                          WorkerLogs.of(settings(tmp_path / "logs", redirects="1")))
+    router.name_run("r/../x")  # a run id is a name, never a path
+    run_workers(router, {0: 0})
+    router.close()
+    assert (tmp_path / "all/rank.0/stdout").read_text() == "out-0\n"
+    assert (tmp_path / "all/rank.0/stderr").read_text() == "err-0\n"
+    assert (tmp_path / "logs/r_.._x/rank.0/stdout").read_text() == "out-0\n"
+    assert out.getvalue() == b""
+
+
+@pytest.mark.parametrize(("local_rank", "stream", "kept", "shown"), [
+    (0, "stdout", True, False), (0, "stderr", False, True),
+    (1, "stdout", True, True), (1, "stderr", True, True), (2, "stdout", False, False)])
+def test_policy_table(local_rank: int, stream: str, kept: bool, shown: bool) -> None:
+    logs = WorkerLogs(Path("/l"), redirects=((0, OUT),), tee=((1, BOTH),),
+                      local_ranks_filter=frozenset({0, 1}))
+    assert logs.kept(local_rank, stream) is kept
+    assert logs.shown(local_rank, stream) is shown
