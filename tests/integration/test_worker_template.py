@@ -129,3 +129,45 @@ async def test_stopped_and_killed_workers_and_a_lost_template(tmp_path: Path) ->
                                   tmp_path) is None  # its workers are exec'd from now on
     finally:
         await forker.close()
+
+
+async def _preloaded(tmp_path: Path, script: str, extra_env: dict[str, str]) -> list[str]:
+    """What a forked worker of `script` found imported before its first line ran."""
+    path = tmp_path / "train.py"
+    path.write_text("import sys\n"
+                    "print(' '.join(m for m in ('yaml', 'mine', 'threader') "
+                    "if m in sys.modules), flush=True)\n" + script)
+    forker = Forker(signal.SIGTERM, die_with_parent(signal.SIGTERM))
+    env = {**os.environ, "PYTHONPATH": f"{REPO}:{tmp_path}", **extra_env}
+    try:
+        process = await forker.start([sys.executable, str(path)], env, tmp_path)
+        assert isinstance(process, ForkedProcess)
+        line = await asyncio.wait_for(process.stdout.readline(), 60)
+        assert await asyncio.wait_for(process.wait(), 30) == 0
+        return line.decode().split()
+    finally:
+        await forker.close()
+
+
+async def test_the_template_imports_what_the_script_imports_of_installed_packages(
+        tmp_path: Path) -> None:
+    """A worker forked after a restart does not import transformers again: the template
+    did. Never the user's own modules (their import may do anything)."""
+    (tmp_path / "mine.py").write_text("")
+    script = "import yaml\nimport mine\n"
+    assert await _preloaded(tmp_path, script, {}) == ["yaml"]
+    assert await _preloaded(tmp_path, script, {"ELASTICRUN_PRELOAD": "0"}) == []
+    assert await _preloaded(tmp_path, script, {"ELASTICRUN_PRELOAD": "mine"}) == [
+        "yaml", "mine"]
+
+
+async def test_a_template_that_cannot_fork_safely_after_them_starts_over_without(
+        tmp_path: Path) -> None:
+    """An import that starts a thread: a lock it holds at a fork stays held in the child,
+    so the template begins again with torch alone, and the worker imports it itself."""
+    (tmp_path / "threader.py").write_text(
+        "import threading, time\n"
+        "threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()\n")
+    got = await _preloaded(tmp_path, "import yaml\nimport threader\n",
+                           {"ELASTICRUN_PRELOAD": "threader"})
+    assert got == []
