@@ -170,3 +170,21 @@ def test_a_script_that_calls_init_keeps_in_process_recovery() -> None:
     assert not any(w.status is WorkerStatus.STOPPING for w in sim.members()
                    if w.slot.host == "a")
     assert not of(ev.Fail, actions)
+
+
+def test_an_unreachable_host_fails_and_the_restart_does_not_wait_for_its_workers() -> None:
+    """A frozen host or a cut link: its workers can neither answer nor be stopped. The
+    round restarts at once on the other hosts, if they are enough."""
+    sim = Sim(config(np=4, min_np=2, max_np=4, max_restarts=3, discovery="script:x"))
+    sim.start(HOSTS)
+    frozen = [sim.worker_on("b", 0), sim.worker_on("b", 1)]
+    actions = sim.send(ev.WorkerStalled(sim.worker_on("a", 0).id, 1, 2.0))
+    actions += sim.advance(0.5)  # a probe unanswered by b's members
+    actions += sim.send(ev.ProcessesInspected(1, tuple(
+        (w.id, ProcessView(ProcessState.UNREACHABLE, "no answer within 2s")) for w in frozen)))
+    assert sim.state.hosts.is_blacklisted("b", sim.now) and sim.state.restarts == 1
+    actions = []
+    for worker in (sim.worker_on("a", 0), sim.worker_on("a", 1)):
+        actions += sim.send(ev.WorkerExited(worker.id, -15))  # b's never come
+    assert [sorted(s.host for s in o.assignment) for o in of(ev.OpenRound, actions)] == [
+        ["a", "a"]]

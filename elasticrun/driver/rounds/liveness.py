@@ -60,6 +60,7 @@ CPU_RESOLUTION_S = 0.02  # a change of CPU time below this is no change (clock t
 class Verdict:
     worker: WorkerRecord
     reason: str
+    unreachable: bool = False  # its host does not answer: it cannot be stopped either
 
 
 def stalled(step: Step, event: WorkerStalled) -> None:
@@ -128,7 +129,7 @@ def inspected(step: Step, event: ProcessesInspected) -> list[Verdict]:
             quiet = step.now - stall.heard.get(worker_id, stall.started)
             if quiet >= PROBE_S:
                 verdicts.append(Verdict(worker, f"no heartbeat for {quiet:.1f}s, and its host "
-                                                f"does not answer ({view.detail})"))
+                                                f"does not answer ({view.detail})", True))
     return verdicts
 
 

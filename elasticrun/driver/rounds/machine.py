@@ -180,7 +180,7 @@ def _worker_exited(step: Step, event: WorkerExited) -> None:
 
 def _after_exit(step: Step) -> None:
     """A worker is gone: a restart waiting for its round's members may go on."""
-    if restarts.all_gone(step.state):
+    if restarts.all_gone(step.state, step.now):
         cutting.cut(step)
 
 
@@ -223,7 +223,8 @@ def _worker_failing(step: Step, event: WorkerFailing) -> None:
 
 def _hung(step: Step, verdicts: list[liveness.Verdict]) -> None:
     """Hung workers are killed at once (one that woke up later must not act in a later
-    round) and fail their hosts, as a failed exit does."""
+    round) and fail their hosts, as a failed exit does. (A plain round restarts; a host
+    that does not answer fails even then: it can neither be stopped nor used.)"""
     for verdict in verdicts:
         worker = verdict.worker
         if not worker.alive or worker.status is not WorkerStatus.RUNNING:
@@ -235,6 +236,8 @@ def _hung(step: Step, verdicts: list[liveness.Verdict]) -> None:
         cause = f"rank {worker.rank} on host {worker.slot.host} hung: {verdict.reason}"
         step.record_failure(worker, cause, "hang", rank=worker.rank)
         _failed(step, worker, cause)
+        if verdict.unreachable:
+            step.fail_host(worker.slot.host, cause)
 
 
 def _failed(step: Step, worker: WorkerRecord, cause: str) -> None:

@@ -60,12 +60,12 @@ def hold(step: Step) -> bool:
                          f"hosts (not counted against --max-restarts)")
         step.report("round_restarting", count=state.restarts, cause="")
         _begin(step)
-    return bool(_alive(state))
+    return bool(_alive(state, step.now))
 
 
-def all_gone(state: JobState) -> bool:
+def all_gone(state: JobState, now: float) -> bool:
     """Whether a restart under way may open the next round now."""
-    return state.restart is not None and not _alive(state)
+    return state.restart is not None and not _alive(state, now)
 
 
 def stop_deadline(step: Step) -> None:
@@ -95,12 +95,15 @@ def _begin(step: Step) -> None:
     step.request_cut(0.0)
 
 
-def _alive(state: JobState) -> list[WorkerRecord]:
+def _alive(state: JobState, now: float | None = None) -> list[WorkerRecord]:
+    """The round's members not gone yet; with `now`, only those on hosts still usable (a
+    failed host's are given up: the next round does not use it)."""
     current = state.round
     if current is None:
         return []
-    workers = state.workers
-    return [w for m in current.member_ids if (w := workers.get(m)) is not None and w.alive]
+    workers, hosts = state.workers, state.hosts
+    return [w for m in current.member_ids if (w := workers.get(m)) is not None and w.alive
+            and (now is None or not hosts.is_blacklisted(w.slot.host, now))]
 
 
 def _spent(cause: str, max_restarts: int) -> str:
