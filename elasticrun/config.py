@@ -38,6 +38,7 @@ class TorchrunSettings:
     tee: tuple[tuple[int, tuple[str, ...]], ...] = ()
     local_ranks_filter: frozenset[int] | None = None  # None: every local rank on the console
     virtual_local_rank: bool = False  # LOCAL_RANK=0, CUDA_VISIBLE_DEVICES=<local rank>
+    nodes_of: int | None = None  # torchrun's multi-node form: --nproc-per-node (messages)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from elasticrun.agent.runner import AgentSettings
@@ -103,10 +103,11 @@ def decide_hosting(nodes: Nodes, own_address: str | None, port_taken: bool) -> H
 
 def nodes_driver_config(args: TorchrunArgs, nodes: Nodes, bind: str, token: str
                         ) -> DriverConfig:
-    return _config(args, np=args.min_nodes * args.nproc, max_np=args.max_nodes * args.nproc,
-                   start_timeout=nodes.join_timeout, elastic_timeout=nodes.join_timeout,
-                   launcher="agent", discovery="agents", port=nodes.port, bind=(bind,),
-                   agent_token=token)
+    config = _config(args, np=args.min_nodes * args.nproc,
+                     max_np=args.max_nodes * args.nproc, start_timeout=nodes.join_timeout,
+                     elastic_timeout=nodes.join_timeout, launcher="agent",
+                     discovery="agents", port=nodes.port, bind=(bind,), agent_token=token)
+    return replace(config, torchrun=replace(config.torchrun, nodes_of=args.nproc))
 
 
 def node_agent_settings(args: TorchrunArgs, nodes: Nodes, dial: str, name: str, token: str,

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from elasticrun.config import DriverConfig
+from elasticrun.config import DriverConfig, TorchrunSettings
 from elasticrun.driver.hosts.registry import HostRegistry
 from elasticrun.driver.rounds.capacity import Shortfall, shortfall, start_refusal
 
@@ -326,6 +326,11 @@ def test_start_needs_np_slots_unless_elastic_and_waited_out() -> None:
     assert start_refusal(dynamic, 1, registry, waited_out=True) == (
         "-np 4 needs 4 slots, but only 1 are available after --start-timeout 30s "
         "(hosts: a:2,b:1)")
+    nodes = _config(np=4, min_np=4, max_np=8, discovery="script:x", start_timeout=600.0,
+                    torchrun=TorchrunSettings(nodes_of=2))  # --nnodes 2:4 --nproc-per-node 2
+    assert start_refusal(nodes, 2, registry, waited_out=True) == (
+        "--nnodes needs 2 node(s) of --nproc-per-node 2, but only 2 worker slot(s) joined "
+        "within 600s (--rdzv-conf join_timeout) (nodes: a:2,b:1)")
 
 
 def test_shortfall_is_hopeless_only_when_nothing_can_return() -> None:

@@ -21,9 +21,15 @@ def start_refusal(config: DriverConfig, available: int, registry: HostRegistry,
         return None
     if config.elastic and available >= config.min_np:
         return None
+    hosts = format_hosts(registry.discovered) or "none"
+    per_node = config.torchrun.nodes_of
+    if per_node:  # torchrun's multi-node form speaks of nodes
+        return (f"--nnodes needs {config.np // per_node} node(s) of --nproc-per-node "
+                f"{per_node}, but only {available} worker slot(s) joined within "
+                f"{config.start_timeout:g}s (--rdzv-conf join_timeout) (nodes: {hosts})")
     waited = f" after --start-timeout {config.start_timeout:g}s" if config.dynamic_hosts else ""
     return (f"-np {config.np} needs {config.np} slots, but only {available} are available"
-            f"{waited} (hosts: {format_hosts(registry.discovered) or 'none'})")
+            f"{waited} (hosts: {hosts})")
 
 
 @dataclass(frozen=True)
