@@ -274,6 +274,8 @@ class Agent:
             view = await self._workers.inspect(message.worker)
             self._outbox.put(wire.Inspected(message.worker, view.state.value, view.detail))
         elif isinstance(message, wire.End) and not self._ending:
+            if message.code != 0 and message.reason:
+                log.error("the job failed: %s", message.reason)
             log.info("the job is over (exit code %d): stopping %d worker(s)", message.code,
                      len(self._workers))
             # Not awaited here: the driver hangs up meanwhile, and the end of this connection

@@ -106,6 +106,7 @@ class Driver:
         code = 1
         error: str | None = "internal error"
         self._exit_code = 1
+        self._end_reason = ""  # the job's failure, for the agents' nodes to say too
         try:
             await self._start()
             code = self._exit_code = await self._finished
@@ -118,6 +119,7 @@ class Driver:
             for sig in SIGNALS:
                 loop.remove_signal_handler(sig)
             self._telemetry.job_ended(code, error, self.machine.state.round_number)
+            self._end_reason = error or ""
             await self._shutdown()
 
     async def _start(self) -> None:
@@ -200,7 +202,7 @@ class Driver:
         if pool is not None and not superseded:
             await pool.stop_all()
         if self._agents is not None and not superseded:
-            await self._agents.close(self._exit_code)
+            await self._agents.close(self._exit_code, self._end_reason)
         if not superseded:  # (its local agents, its SSH connections are the job's now)
             await self._launcher.close()
         if self._tasks:
@@ -277,7 +279,7 @@ class Driver:
         elif isinstance(action, ev.Finish):
             self._end(action.code)
         elif isinstance(action, ev.Fail):
-            self._end(JobFailedError(action.message + self._failures.suffix()))
+            self._end(JobFailedError(action.message + self._failures.suffix(action.message)))
 
     def _lost_with_driver(self) -> tuple[str, ...]:
         """The kept workers whose launcher ended them with the old driver (SSH ones): the

@@ -71,7 +71,8 @@ class Workforce:
         settings = PoolSettings(config.command, config.working_dir, config.stop_grace_period,
                                 env, launcher_env(), extra_env)
         self.pool = WorkerPool(settings, self._launcher, self._dial_address, self._output,
-                               lambda worker, code: self._post(ev.WorkerExited(worker, code)),
+                               lambda worker, code, lost: self._post(
+                                   ev.WorkerExited(worker, code, lost)),
                                self._rank_of)
 
     async def spawn(self, action: ev.Spawn) -> None:

@@ -35,6 +35,7 @@ log = logging.getLogger("elasticrun.agents")
 HEARTBEAT_S = 5.0  # a silent agent is gone after about 1.5x this (aiohttp's pong wait)
 HELLO_TIMEOUT_S = 10.0
 END_WAIT_S = 5.0  # at the job's end, how long agents get to hang up
+MAX_REASON = 4000  # characters of the job's failure that agents are told
 
 
 @dataclass(eq=False)
@@ -99,11 +100,13 @@ class AgentHub:
                 await within(self._joined.wait(), left)
         return link
 
-    async def close(self, code: int) -> None:
-        """The job is over: every agent is told so, and gets a moment to hang up."""
+    async def close(self, code: int, reason: str = "") -> None:
+        """The job is over: every agent is told so (and why it failed, if it did), and gets
+        a moment to hang up."""
         self._closing = True
         links = list(self._links.values())
-        await asyncio.gather(*(link.send(wire.End(code)) for link in links))
+        end = wire.End(code, reason[:MAX_REASON])
+        await asyncio.gather(*(link.send(end) for link in links))
         waits = [asyncio.ensure_future(link.ended.wait()) for link in links]
         if waits:
             _, pending = await asyncio.wait(waits, timeout=END_WAIT_S)

@@ -31,6 +31,7 @@ class AgentProcess:
         self._exit: asyncio.Future[int] = loop.create_future()
         self._ended_streams: set[str] = set()
         self._inspected: asyncio.Future[ProcessView] | None = None  # an answer awaited
+        self.host_lost = False  # it ended with its agent, not on its own
 
     async def wait(self) -> int:
         return await asyncio.shield(self._exit)
@@ -78,6 +79,7 @@ class AgentProcess:
     def lost(self) -> None:
         """Its agent is gone: so is it (an agent's workers never outlive it)."""
         _settle(self.started, "the agent went away")
+        self.host_lost = not self._exit.done()
         self._end(EXIT_AGENT_LOST)
 
     def _end(self, code: int) -> None:

@@ -149,10 +149,12 @@ class Bye:
 
 @dataclass(frozen=True)
 class End:
-    """The job is over: stop what is left and exit 0."""
+    """The job is over: stop what is left and exit 0. `reason`: why it failed, if it did
+    (every node says so, as torchrun's agents do)."""
 
     TYPE: ClassVar[str] = "end"
     code: int = 0
+    reason: str = ""
 
 
 Message = (Hello | Welcome | Refused | Start | Started | StartFailed | Output | Exited | Stop

@@ -33,6 +33,8 @@ class WorkerProcess(Protocol):
     # Optional: `async inspect() -> ProcessView`, what the worker's process is doing as its
     # host sees it (stopped, running, gone), asked when the worker may be hung. A launcher
     # without it leaves hung workers to --hang-timeout.
+    # Optional: `host_lost: bool`, true once it ended because the way to its host went (an
+    # agent's connection): it did not fail on its own (its 255 is no exit code of its own).
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,9 @@ speaks for it:
 - The root cause. An uncaught exception is told to the driver before the worker exits,
   with what torchrun's @record wrote to TORCHELASTIC_ERROR_FILE (else the exception's
   line), so the job's failure names it.
+- Its network. Gloo takes the interface of the host's name unless GLOO_SOCKET_IFNAME says
+  otherwise, loopback on many machines; the interface that reaches the driver reaches the
+  worker's peers (as er.init() decides for scripts that call it).
 A script that calls er.init() retires the foothold: its own collectives report from then on.
 """
 
@@ -28,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from elasticrun import protocol
+from elasticrun.netif import interface_towards
 from elasticrun.process_view import thread_activity
 from elasticrun.worker.client import DriverClient, DriverUnreachableError, RequestRefusedError
 from elasticrun.worker.liveness import LATE_FACTOR, REPORTERS, STALL_REPEAT_S, StallReporter
@@ -148,6 +152,11 @@ def start_from_env() -> None:
     env = os.environ
     if protocol.ENV_WORKER_ID not in env or protocol.ENV_RENDEZVOUS_ADDR not in env:
         return
+    if "GLOO_SOCKET_IFNAME" not in env:
+        interface = interface_towards(env[protocol.ENV_RENDEZVOUS_ADDR],
+                                      int(env.get(protocol.ENV_RENDEZVOUS_PORT, "0")))
+        if interface:
+            os.environ["GLOO_SOCKET_IFNAME"] = interface
     client = DriverClient.from_env()
     _current = Foothold(client, env[protocol.ENV_WORKER_ID],
                         int(env.get(protocol.ENV_ROUND, "0")), int(env.get("RANK", "0")),

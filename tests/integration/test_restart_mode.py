@@ -188,6 +188,7 @@ def test_the_root_cause_is_what_record_wrote(tmp_path: Path) -> None:
     assert "rank 1 on host localhost failed: RuntimeError: bad batch 7; the workers never " \
            "called er.init(), so they can only be restarted, and --max-restarts is 0" \
            in result.error_lines()[0]
+    assert "first failure" not in result.error_lines()[0]  # named once
     files = re.findall(r"error file (\S+)", result.stdout)
     assert len(files) == 2 and all(f.startswith("/tmp/torchelastic-error-") for f in files)
     assert not any(Path(f).exists() for f in files)

@@ -188,3 +188,19 @@ def test_an_unreachable_host_fails_and_the_restart_does_not_wait_for_its_workers
         actions += sim.send(ev.WorkerExited(worker.id, -15))  # b's never come
     assert [sorted(s.host for s in o.assignment) for o in of(ev.OpenRound, actions)] == [
         ["a", "a"]]
+
+
+def test_a_worker_lost_with_its_host_restarts_the_round_without_counting() -> None:
+    """A node preempted or killed: its agent's connection closes and its workers are lost
+    with it (255). That is the hosts changing, whichever comes first: this exit or
+    discovery's word."""
+    sim = Sim(config(np=4, min_np=2, max_np=4, max_restarts=0, discovery="script:x"))
+    sim.start(HOSTS)
+    actions = sim.send(ev.WorkerExited(sim.worker_on("b", 0).id, 255, host_lost=True))
+    assert not of(ev.Fail, actions) and sim.state.restarts == 0
+    assert [f.kind for f in of(ev.RecordFailure, actions)] == ["lost"]
+    actions += sim.send(ev.WorkerExited(sim.worker_on("b", 1).id, 255, host_lost=True))
+    actions += sim.send(ev.HostsFound({"a": 2}))
+    actions = gone(sim, actions)
+    assert [sorted(s.host for s in o.assignment) for o in of(ev.OpenRound, actions)] == [
+        ["a", "a"]]

@@ -51,7 +51,7 @@ class WorkerPool:
         launcher: Launcher,
         address_for: Callable[[str], Awaitable[str]],
         output: OutputRouter,
-        on_exit: Callable[[str, int], None],
+        on_exit: Callable[[str, int, bool], None],
         rank_of: Callable[[str], int],
     ) -> None:
         self._settings = settings
@@ -108,7 +108,7 @@ class WorkerPool:
         for pump in pending:
             pump.cancel()
         record.exit_code = code
-        self._on_exit(record.id, code)
+        self._on_exit(record.id, code, bool(getattr(process, "host_lost", False)))
         del self._processes[record.id]  # its tail went with the exit report
 
     def stop(self, worker_ids: Iterable[str], kill: bool = False) -> None:

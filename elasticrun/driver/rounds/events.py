@@ -105,6 +105,7 @@ class SpawnFailed:
 class WorkerExited:
     worker: str
     code: int
+    host_lost: bool = False  # it ended with the way to its host (a lost agent), not alone
 
 
 @dataclass(frozen=True)

@@ -174,7 +174,7 @@ def _worker_exited(step: Step, event: WorkerExited) -> None:
         return
     worker.alive = False
     _forget(step, worker.id)
-    _exit_of(step, worker, event.code)
+    _exit_of(step, worker, event.code, event.host_lost)
     _after_exit(step)
 
 
@@ -184,7 +184,7 @@ def _after_exit(step: Step) -> None:
         cutting.cut(step)
 
 
-def _exit_of(step: Step, worker: WorkerRecord, code: int) -> None:
+def _exit_of(step: Step, worker: WorkerRecord, code: int, host_lost: bool) -> None:
     state = step.state
     if worker.status is WorkerStatus.FAILED:
         step.log("debug", f"worker {worker.slot} ended after its own error "
@@ -202,6 +202,11 @@ def _exit_of(step: Step, worker: WorkerRecord, code: int) -> None:
         _finish_if_done(step)
         return
     worker.status = WorkerStatus.FAILED
+    if host_lost and restarts.plain(state) and state.is_member(worker.id):
+        cause = f"rank {worker.rank} on host {worker.slot.host} was lost with its host"
+        step.record_failure(worker, cause, "lost", rank=worker.rank, exit_code=code)
+        restarts.host_gone(step, worker.slot.host)
+        return
     cause = f"rank {worker.rank} on host {worker.slot.host} {describe_exit(code)}"
     step.record_failure(worker, cause, exit_kind(code), rank=worker.rank, exit_code=code)
     _failed(step, worker, cause)

@@ -48,6 +48,13 @@ def failed(step: Step, cause: str) -> None:
     _begin(step)
 
 
+def host_gone(step: Step, host: str) -> None:
+    """A member of a plain round ended with its host (its agent went away: a node lost or
+    preempted): the hosts changed, and the round restarts without counting."""
+    if step.state.restart is None:
+        _uncounted(step, f"host {host} is gone")
+
+
 def hold(step: Step) -> bool:
     """Whether the next round must wait for the current, plain one's members to be gone
     (a cut's first question). A cut asked for by a host change or a failed host begins an
@@ -56,10 +63,7 @@ def hold(step: Step) -> bool:
     if state.restart is None:
         if not plain(state) or not _alive(state):
             return False
-        step.log("info", f"restarting the job's {len(_alive(state))} worker(s) for the new "
-                         f"hosts (not counted against --max-restarts)")
-        step.report("round_restarting", count=state.restarts, cause="")
-        _begin(step)
+        _uncounted(step, "the hosts changed")
     return bool(_alive(state, step.now))
 
 
@@ -78,6 +82,12 @@ def stop_deadline(step: Step) -> None:
         worker.alive = False
         step.fail_host(worker.slot.host, f"rank {worker.rank} on host {worker.slot.host} "
                                          f"did not stop within its grace period")
+
+
+def _uncounted(step: Step, why: str) -> None:
+    step.log("info", f"{why}: restarting every worker (not counted against --max-restarts)")
+    step.report("round_restarting", count=step.state.restarts, cause="")
+    _begin(step)
 
 
 def _begin(step: Step) -> None:
