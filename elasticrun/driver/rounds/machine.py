@@ -6,6 +6,7 @@ as actions and come back as TimerFired events.
 
     STARTING --enough hosts--> RECOVERING --round cut--> RUNNING
     RUNNING --host failed / reset asked--> RECOVERING --round cut--> RUNNING
+    RUNNING --a plain round's member failed--> RECOVERING (its members stopped: restarts.py)
     RECOVERING --short of --min-np--> (waits, up to --elastic-timeout)
     RUNNING --a member exited 0--> FINISHING --all members exited 0--> STOPPED
     (resumed from the journal) --its workers back, or the bound--> as it was (resume.py)
@@ -69,6 +70,7 @@ class RoundMachine:
                 cutting.cut(step)
         elif isinstance(event, WorkerExited):
             _worker_exited(step, event)
+            _after_exit(step)
         elif isinstance(event, WorkerFailing):
             _worker_failing(step, event)
         elif isinstance(event, TimerFired):
@@ -96,6 +98,7 @@ class RoundMachine:
             _worker_started(step, event.worker)
         elif isinstance(event, SpawnFailed):
             _spawn_failed(step, event)
+            _after_exit(step)
         elif isinstance(event, Interrupted):
             step.log("warning", f"received {event.signal_name}; stopping the job")
             step.finish(event.code)
@@ -162,20 +165,9 @@ def _spawn_failed(step: Step, event: SpawnFailed) -> None:
     _forget(step, worker.id)
     cause = f"{event.error} (on host {worker.slot.host})"
     step.record_failure(worker, cause, "spawn_error", rank=None)
-    if restarts.plain(step.state) and step.state.is_member(worker.id):
+    if restarts.applies(step.state, worker):
         restarts.failed(step, cause)
     step.fail_host(worker.slot.host, event.error)
-    _after_exit(step)
-
-
-def _worker_exited(step: Step, event: WorkerExited) -> None:
-    worker = step.state.workers.get(event.worker)
-    if worker is None or not worker.alive:
-        return
-    worker.alive = False
-    _forget(step, worker.id)
-    _exit_of(step, worker, event.code, event.host_lost)
-    _after_exit(step)
 
 
 def _after_exit(step: Step) -> None:
@@ -184,8 +176,14 @@ def _after_exit(step: Step) -> None:
         cutting.cut(step)
 
 
-def _exit_of(step: Step, worker: WorkerRecord, code: int, host_lost: bool) -> None:
+def _worker_exited(step: Step, event: WorkerExited) -> None:
     state = step.state
+    worker = state.workers.get(event.worker)
+    if worker is None or not worker.alive:
+        return
+    worker.alive = False
+    _forget(step, worker.id)
+    code = event.code
     if worker.status is WorkerStatus.FAILED:
         step.log("debug", f"worker {worker.slot} ended after its own error "
                           f"({describe_exit(code)})")
@@ -202,10 +200,8 @@ def _exit_of(step: Step, worker: WorkerRecord, code: int, host_lost: bool) -> No
         _finish_if_done(step)
         return
     worker.status = WorkerStatus.FAILED
-    if host_lost and restarts.plain(state) and state.is_member(worker.id):
-        cause = f"rank {worker.rank} on host {worker.slot.host} was lost with its host"
-        step.record_failure(worker, cause, "lost", rank=worker.rank, exit_code=code)
-        restarts.host_gone(step, worker.slot.host)
+    if event.host_lost and restarts.applies(state, worker):
+        restarts.lost_with_host(step, worker, code)
         return
     cause = f"rank {worker.rank} on host {worker.slot.host} {describe_exit(code)}"
     step.record_failure(worker, cause, exit_kind(code), rank=worker.rank, exit_code=code)
@@ -246,7 +242,7 @@ def _hung(step: Step, verdicts: list[liveness.Verdict]) -> None:
 
 
 def _failed(step: Step, worker: WorkerRecord, cause: str) -> None:
-    if restarts.plain(step.state) and step.state.is_member(worker.id):
+    if restarts.applies(step.state, worker):
         restarts.failed(step, cause)
     elif step.state.phase is JobPhase.FINISHING:
         step.fail(f"{cause} after other workers had finished")

@@ -31,6 +31,12 @@ def plain(state: JobState) -> bool:
     return state.round is not None and not state.elastic_scripts
 
 
+def applies(state: JobState, worker: WorkerRecord) -> bool:
+    """Whether restart mode decides what `worker`'s failure does: a member of a plain
+    round."""
+    return plain(state) and state.is_member(worker.id)
+
+
 def failed(step: Step, cause: str) -> None:
     """A member of a plain round failed (`cause` names it): the round restarts, counted
     against --max-restarts; once they are spent, the job ends instead."""
@@ -48,9 +54,12 @@ def failed(step: Step, cause: str) -> None:
     _begin(step)
 
 
-def host_gone(step: Step, host: str) -> None:
+def lost_with_host(step: Step, worker: WorkerRecord, code: int) -> None:
     """A member of a plain round ended with its host (its agent went away: a node lost or
     preempted): the hosts changed, and the round restarts without counting."""
+    host = worker.slot.host
+    cause = f"rank {worker.rank} on host {host} was lost with its host"
+    step.record_failure(worker, cause, "lost", rank=worker.rank, exit_code=code)
     if step.state.restart is None:
         _uncounted(step, f"host {host} is gone")
 
