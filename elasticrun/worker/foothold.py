@@ -14,6 +14,8 @@ speaks for it:
 - The root cause. An uncaught exception is told to the driver before the worker exits,
   with what torchrun's @record wrote to TORCHELASTIC_ERROR_FILE (else the exception's
   line), so the job's failure names it.
+- A torch 2.13 deadlock at exit (worker/gloo_teardown.py): destroy_process_group gives
+  Gloo's threads a moment first.
 - Its network. Gloo takes the interface of the host's name unless GLOO_SOCKET_IFNAME says
   otherwise, loopback on many machines; the interface that reaches the driver reaches the
   worker's peers (as er.init() decides for scripts that call it).
@@ -33,6 +35,7 @@ from typing import Any
 from elasticrun import protocol
 from elasticrun.netif import interface_towards
 from elasticrun.process_view import thread_activity
+from elasticrun.worker import gloo_teardown
 from elasticrun.worker.client import DriverClient, DriverUnreachableError, RequestRefusedError
 from elasticrun.worker.liveness import LATE_FACTOR, REPORTERS, STALL_REPEAT_S, StallReporter
 from elasticrun.worker.notices import NoticeWatcher
@@ -152,6 +155,7 @@ def start_from_env() -> None:
     env = os.environ
     if protocol.ENV_WORKER_ID not in env or protocol.ENV_RENDEZVOUS_ADDR not in env:
         return
+    gloo_teardown.settle_before_destroy()
     if "GLOO_SOCKET_IFNAME" not in env:
         interface = interface_towards(env[protocol.ENV_RENDEZVOUS_ADDR],
                                       int(env.get(protocol.ENV_RENDEZVOUS_PORT, "0")))
