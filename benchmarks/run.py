@@ -38,6 +38,10 @@ driver_restart  4 local workers under --state-dir, the driver SIGKILLed and resu
             later: steps trained meanwhile and their rate, resumed driver serving -> all
             re-adopted, steps lost, exit status; torchrun's agent killed and run again (its
             workers from their checkpoint); re-adoption at 256 and 1,024 simulated workers.
+restart     a torchrun-style script (plain DDP with its own checkpoint at ~1M and ~10M
+            parameters; a Hugging Face Trainer), 2 workers, one SIGKILLed: kill -> first
+            step of the restarted job under elasticrun and torchrun (the same launch line),
+            broken down into stop, spawn, imports, rendezvous, set-up, checkpoint load.
 """
 
 from __future__ import annotations
@@ -67,6 +71,7 @@ BENCHMARKS = {
     "liveness": "liveness_scale",
     "torchft": "torchft_compare",
     "driver_restart": "driver_restart",
+    "restart": "restart",
 }
 
 

@@ -177,3 +177,21 @@ def test_driver_restart() -> None:
     [scale] = result["scale"]["64"]["trials"]
     assert scale["readopted"] == 64 and scale["exit"] == 0, scale
     assert 0 <= scale["serving_to_readopted_s"] < scale["relaunch_to_readopted_s"] < 60, scale
+
+
+def test_restart() -> None:
+    """Quick mode: the plain DDP script alone (~0.1M parameters), once per launcher."""
+    out, result = run_quick("restart")
+    assert "restart: kill -> first step" in out and "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" in out
+    [case] = result["cases"].values()
+    [ours] = case["trials"]["elasticrun"]
+    phases = ("stop_s", "spawn_s", "interpreter_s", "imports_s", "rendezvous_s", "model_s",
+              "checkpoint_s", "first_step_s")
+    assert sum(ours[k] for k in phases) == pytest.approx(ours["resume_s"])
+    assert 0 < ours["noticed_s"] <= ours["stopped_s"] < ours["resume_s"] < 60, ours
+    # killed 3 steps (or a few more: the kill follows the line) after the checkpoint at 10
+    assert ours["resumed_from"] == 10 and 3 <= ours["steps_lost"] < 10, ours
+    [torchrun] = case["trials"]["torchrun"]
+    assert "error" in torchrun or torchrun["resume_s"] > 0  # a failed peer is a result too
+    if "error" not in torchrun:
+        assert case["summary"]["ratio"] == pytest.approx(torchrun["resume_s"] / ours["resume_s"])

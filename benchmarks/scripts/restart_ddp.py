@@ -1,0 +1,122 @@
+"""A plain torchrun training script, as a user writes it: DDP on Gloo over an MLP, its own
+checkpoint, no elasticrun import. benchmarks/restart.py runs it under torchrun and under
+elasticrun and kills one of its workers.
+
+Rank 0 saves {"model", "optimizer", "step"} to OUT/checkpoint.pt every --save-every steps
+(a temporary file renamed over the old one); every rank loads it at start when present.
+
+It prints, flushed, `phase <name> <time.time()> restart=<TORCHELASTIC_RESTART_COUNT>` on
+rank 0 when each phase is done: start (every rank, its very first line, before
+`import torch`, with its pid and rank), imports, init (init_process_group), model (model,
+optimizer and DDP built), checkpoint (loaded, with the step it resumed from); and
+`step <n> <time.time()> restart=<K>` after each step.
+"""
+
+from __future__ import annotations
+
+import time
+
+STARTED = time.time()
+
+import os  # noqa: E402
+import sys  # noqa: E402
+
+RESTART = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+RANK = int(os.environ.get("RANK", "0"))
+
+
+def say(line: str) -> None:
+    sys.stdout.write(f"{line}\n")
+    sys.stdout.flush()
+
+
+def phase(name: str, at: float | None = None, **fields: object) -> None:
+    if RANK == 0:
+        extra = "".join(f" {key}={value}" for key, value in fields.items())
+        say(f"phase {name} {time.time() if at is None else at:.6f} restart={RESTART}{extra}")
+
+
+say(f"phase start {STARTED:.6f} restart={RESTART} pid={os.getpid()} rank={RANK}")
+
+import argparse  # noqa: E402
+import math  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel  # noqa: E402
+
+IN_FEATURES, CLASSES, BATCH = 64, 10, 32
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--params", type=float, default=1e6, help="about this many parameters")
+    parser.add_argument("--optimizer", choices=("sgd", "adam"), default="adam")
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--save-every", type=int, default=10)
+    parser.add_argument("--out", type=Path, required=True)
+    return parser.parse_args()
+
+
+def build_model(params: float) -> nn.Module:
+    """An MLP whose middle width x width layer holds nearly all of the parameters."""
+    torch.manual_seed(0)
+    width = max(8, int(math.sqrt(params)))
+    return nn.Sequential(nn.Linear(IN_FEATURES, width), nn.ReLU(), nn.Linear(width, width),
+                         nn.ReLU(), nn.Linear(width, CLASSES))
+
+
+def save_atomically(state: dict[str, object], path: Path) -> None:
+    partial = path.with_name(f".{path.name}.partial")
+    with open(partial, "wb") as file:
+        torch.save(state, file)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(partial, path)
+
+
+def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(step * 1000 + rank)
+    return (torch.randn(BATCH, IN_FEATURES, generator=generator),
+            torch.randint(0, CLASSES, (BATCH,), generator=generator))
+
+
+def main() -> None:
+    args = parse_args()
+    phase("imports")
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    phase("init", world=dist.get_world_size())
+    model = build_model(args.params)
+    optimizer = (torch.optim.Adam(model.parameters(), lr=1e-4) if args.optimizer == "adam"
+                 else torch.optim.SGD(model.parameters(), lr=0.01))
+    ddp = DistributedDataParallel(model)  # broadcasts rank 0's parameters
+    phase("model", params=sum(p.numel() for p in model.parameters()))
+    args.out.mkdir(parents=True, exist_ok=True)
+    checkpoint = args.out / "checkpoint.pt"
+    step = 0
+    if checkpoint.exists():
+        saved = torch.load(checkpoint, map_location="cpu")
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        step = int(saved["step"])
+    phase("checkpoint", step=step)
+    while step < args.steps:
+        data, target = batch(step, rank)
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(ddp(data), target).backward()
+        optimizer.step()
+        step += 1
+        if rank == 0 and step % args.save_every == 0:
+            save_atomically({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                             "step": step}, checkpoint)
+        if rank == 0:
+            say(f"step {step} {time.time():.6f} restart={RESTART}")
+    phase("done", steps=step)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
