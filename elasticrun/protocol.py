@@ -96,6 +96,7 @@ PATH_NOTICES = "/v1/rendezvous/notices"
 PATH_SYNCED = "/v1/rendezvous/synced"  # a worker holds the committed state of its round
 PATH_FAILING = "/v1/rendezvous/failing"  # a worker's own error ends it: it is about to exit
 PATH_STALLED = "/v1/rendezvous/stalled"  # a collective waits far longer than usual
+PATH_INIT = "/v1/rendezvous/init"  # a worker's script calls er.init(): no restart mode
 PATH_TIMELINE = "/v1/timeline"  # a worker's trace events; opens the job's trace file
 PATH_KV_PREFIX = "/v1/kv/"
 KV_OPS = ("set", "get", "add", "compare_set", "check", "delete", "num_keys", "wait", "multi_get")

@@ -121,8 +121,9 @@ class RoundsServer:
                    members: dict[SlotId, str]) -> Round:
         """Round `number` is current, as the machine's cut leaves it (its members must have
         been added); the hosts are those of `assignment`. Tells the server, like the
-        executor does for OpenRound."""
+        executor does for OpenRound. The job's script calls er.init() (no restart mode)."""
         state = self.state
+        state.elastic_scripts = True
         hosts = Counter(slot.host for slot in assignment)
         state.hosts.update(dict(hosts))
         state.round = Round(number, dict(assignment), dict(members), state.notice_seq,

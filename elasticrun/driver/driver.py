@@ -29,6 +29,7 @@ from elasticrun.driver.operate.telemetry import Telemetry
 from elasticrun.driver.operate.timeline import JobTimeline
 from elasticrun.driver.processes.output import OutputRouter
 from elasticrun.driver.processes.records import new_worker_id
+from elasticrun.driver.processes.script_kind import imports_elasticrun
 from elasticrun.driver.queue import EventQueue
 from elasticrun.driver.rounds import events as ev
 from elasticrun.driver.rounds.machine import RoundMachine
@@ -56,7 +57,8 @@ class Driver:
         """`extra_env`: set for every worker of the job (elasticrun.run's env=)."""
         self._config = config
         self._output = output
-        self.machine = RoundMachine(config, new_worker_id)
+        self.machine = RoundMachine(config, new_worker_id, elastic_scripts=imports_elasticrun(
+            config.command, config.working_dir))
         self.job_id = secrets.token_hex(6)
         self._secret = protocol.new_secret()
         self._epoch = 1  # fencing: a resumed driver's is one more than its journal's

@@ -78,10 +78,20 @@ class Foothold:
         threading.Thread(target=self._watch, name="elasticrun-foothold", daemon=True).start()
 
     def retire(self) -> None:
-        """The script called er.init(): elasticrun's own collectives report from now on."""
+        """The script called er.init(): the driver hears so at once (no restart mode for
+        this job), and elasticrun's own collectives report from now on."""
+        if self._retired.is_set():
+            return
         self._retired.set()
         if self._notices is not None:
             self._notices.stop()
+        client = self._client.bounded(REPORT_TIMEOUT_S)
+        try:
+            client.call(protocol.PATH_INIT, {"worker_id": self._worker_id})
+        except (DriverUnreachableError, RequestRefusedError) as exc:
+            log.debug("the driver did not take the er.init() notice: %s", exc)
+        finally:
+            client.close()
 
     def failed(self, exc: BaseException) -> None:
         """The script ends with `exc`: the driver hears its root cause (bounded)."""

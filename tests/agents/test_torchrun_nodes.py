@@ -341,3 +341,41 @@ def test_a_killed_worker_with_no_restarts_left_fails_every_node(
     job.close()
     report("worker killed, --max-restarts 0", kill_to_failure=ended - killed,
            total=time.time() - began)
+
+
+def test_a_frozen_node_is_found_in_seconds_and_the_others_go_on(
+        cluster: Cluster, tmp_path: Path, jobs: list[NodesJob]) -> None:
+    """Every process of a node SIGSTOPped (a frozen machine): nothing closes, its agent
+    answers nothing. The others' footholds report their sleeping collectives, the driver
+    probes, the node does not answer: its worker is hung, the node fails, and the round
+    restarts on the other two (counted) long before the agent's heartbeats would tell."""
+    began = time.time()
+    job = NodesJob(cluster, tmp_path, steps=150, extra=["--max-restarts", "1"])
+    jobs.append(job)
+    job.start(H1)
+    job.start(H2)
+    job.train_past_a_checkpoint(0, world=2)
+    job.start(H3)
+    job.train_past_a_checkpoint(1, world=3)
+    net = netns_inode(cluster.host(H3).ns)
+    frozen = [pid for pid in tagged_pids(job.tag)
+              if os.stat(f"/proc/{pid}/ns/net").st_ino == net and not is_zombie(pid)]
+    for pid in frozen:
+        os.kill(pid, signal.SIGSTOP)
+    stopped = time.time()
+    restarted = job.train_past_a_checkpoint(2, world=2)
+    assert job.finish(H1) == 0, job.console()[-5000:]
+    assert job.finish(H2) == 0, job.console(H2)[-3000:]
+    for pid in frozen:
+        os.kill(pid, signal.SIGKILL)
+    job.finish(H3)
+    text = job.console()
+    assert re.search(rf"rank \d on host {re.escape(H3)} hung: no heartbeat for [\d.]+s, and "
+                     rf"its host does not answer", text), text[-5000:]
+    assert restart_counts(job.rounds()) == [{0}, {0}, {1}]
+    assert set(ranks_in_round(text, 3)) == {H1, H2}
+    assert restarted.first_step_at - stopped < 30.0  # loose: a loaded machine
+    assert [m.groups() for m in DONE.finditer(text)] == [("150", "2")]
+    job.close()
+    report("node frozen", stop_to_first_step=restarted.first_step_at - stopped,
+           total=time.time() - began)

@@ -28,11 +28,12 @@ def config(**overrides: Any) -> DriverConfig:
 
 
 class Sim:
-    def __init__(self, cfg: DriverConfig | None = None, seed: int = 0) -> None:
+    def __init__(self, cfg: DriverConfig | None = None, seed: int = 0,
+                 elastic_scripts: bool = False) -> None:
         self.cfg = cfg or config()
         serial = itertools.count(1)
         self.machine = RoundMachine(self.cfg, lambda slot: f"{slot.host}.{slot.index}#"
-                                    f"{next(serial)}", random.Random(seed))
+                                    f"{next(serial)}", random.Random(seed), elastic_scripts)
         self.now = 1000.0
         self.timers: list[tuple[float, ev.Timer]] = []
         self.log: list[ev.Action] = []

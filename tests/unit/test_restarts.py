@@ -37,11 +37,12 @@ def test_a_failed_worker_restarts_every_worker_and_blacklists_nothing() -> None:
     stopped = {w for stop in of(ev.StopWorkers, actions) for w in stop.workers}
     assert stopped == first - {dead.id}
     assert of(ev.BreakRound, actions) == [ev.BreakRound(1)]
-    assert "round_restarting" in reports(actions)
     assert not sim.state.hosts.is_blacklisted("b", sim.now)
-    assert sim.state.restarts == 1 and sim.state.round_number == 1  # waits for them to go
+    assert sim.state.round_number == 1  # waits for them to go
     assert not of(ev.OpenRound, sim.advance(1.0))
     actions = gone(sim, actions)
+    assert sim.state.restarts == 1  # counted once they are gone, no host lost meanwhile
+    assert "round_restarting" in reports(actions)
     assert [o.number for o in of(ev.OpenRound, actions)] == [2]
     spawns = of(ev.Spawn, actions)
     assert sorted((s.slot.host, s.slot.index) for s in spawns) == [
@@ -57,14 +58,16 @@ def test_restarts_count_up_to_max_restarts_then_the_job_fails_naming_it() -> Non
         actions = sim.send(ev.WorkerExited(sim.worker_on("a").id, 1))
         sim.started(gone(sim, actions))
         assert sim.state.restarts == count and sim.state.round_number == count + 1
-    fail = of(ev.Fail, sim.send(ev.WorkerExited(sim.worker_on("a").id, 1)))
+    actions = sim.send(ev.WorkerExited(sim.worker_on("a").id, 1))
+    fail = of(ev.Fail, gone(sim, actions))  # the job ends once every worker has stopped
     assert fail and fail[0].message == ("rank 0 on host a exited with code 1; --max-restarts "
                                         "2 spent (restarted 2 time(s))")
 
 
 def test_max_restarts_0_ends_the_job_at_the_first_failure_as_torchrun_does() -> None:
     sim = plain_sim(max_restarts=0)
-    fail = of(ev.Fail, sim.send(ev.WorkerExited(sim.worker_on("b").id, 1)))
+    actions = sim.send(ev.WorkerExited(sim.worker_on("b").id, 1))
+    fail = of(ev.Fail, gone(sim, actions))
     assert fail and "--max-restarts is 0" in fail[0].message
 
 
@@ -72,7 +75,26 @@ def test_a_second_failure_during_a_restart_is_part_of_it() -> None:
     sim = plain_sim()
     actions = sim.send(ev.WorkerExited(sim.worker_on("a").id, 1))
     actions += sim.send(ev.WorkerExited(sim.worker_on("b").id, 1))  # its collective broke
+    actions += gone(sim, actions)
     assert sim.state.restarts == 1 and not of(ev.Fail, actions)
+
+
+def test_a_failure_explained_by_a_host_lost_meanwhile_is_not_counted() -> None:
+    """A node dies: the others' collectives fail at once, and one of them may report its
+    error before the node's loss is known. Once every member is gone, the lost host
+    explains it."""
+    sim = Sim(config(np=4, min_np=2, max_np=4, max_restarts=0, discovery="script:x"))
+    sim.start(HOSTS)
+    failing = sim.worker_on("a", 0)
+    actions = sim.send(ev.WorkerFailing(failing.id, "RuntimeError: Connection reset by peer"))
+    actions += sim.send(ev.WorkerExited(failing.id, 1))
+    for worker in (sim.worker_on("b", 0), sim.worker_on("b", 1)):
+        actions += sim.send(ev.WorkerExited(worker.id, 255, host_lost=True))
+    actions += sim.send(ev.HostsFound({"a": 2}))
+    actions = gone(sim, actions)
+    assert not of(ev.Fail, actions) and sim.state.restarts == 0
+    assert [sorted(s.host for s in o.assignment) for o in of(ev.OpenRound, actions)] == [
+        ["a", "a"]]
 
 
 def test_a_failure_after_a_member_finished_restarts_the_round() -> None:
@@ -82,8 +104,9 @@ def test_a_failure_after_a_member_finished_restarts_the_round() -> None:
     sim.send(ev.WorkerExited(members[0].id, 0))
     assert sim.state.phase is JobPhase.FINISHING
     actions = sim.send(ev.WorkerExited(members[1].id, 1))
+    actions = gone(sim, actions)
     assert not of(ev.Fail, actions) and sim.state.restarts == 1
-    assert [o.number for o in of(ev.OpenRound, gone(sim, actions))] == [2]
+    assert [o.number for o in of(ev.OpenRound, actions)] == [2]
 
 
 def test_every_member_exiting_0_finishes_the_job() -> None:
@@ -148,6 +171,8 @@ def test_a_stopped_worker_is_found_through_stall_reports_and_restarts_the_round(
         (stopped.id, ProcessView(ProcessState.STOPPED, "stopped (SIGSTOP)")),)))
     assert ev.StopWorkers((stopped.id,), kill=True) in actions
     assert "hung: its process is stopped (SIGSTOP)" in of(ev.RecordFailure, actions)[0].cause
+    actions += sim.send(ev.WorkerExited(stopped.id, -9))
+    gone(sim, actions)
     assert sim.state.restarts == 1 and not sim.state.hosts.is_blacklisted("b", sim.now)
 
 
@@ -158,7 +183,24 @@ def test_a_spawn_failure_counts_as_a_restart_and_fails_its_host() -> None:
     sim.started(spawns[:-1])
     actions = sim.send(ev.SpawnFailed(spawns[-1].worker, "no such file"))
     assert sim.state.hosts.is_blacklisted(spawns[-1].slot.host, sim.now)
+    gone(sim, actions)
     assert sim.state.restarts == 1
+
+
+def test_a_script_known_to_call_init_is_never_restarted_even_before_it_joins() -> None:
+    """Its script imports elasticrun (read before the job starts), or a worker's er.init()
+    said so: a failure before anyone joined fails its host, as always, and the others go
+    on (they get their place when they join)."""
+    imports = Sim(config(np=4, min_np=2, discovery="script:x"), elastic_scripts=True)
+    imports.start(HOSTS)
+    said = Sim(config(np=4, min_np=2, discovery="script:x"))
+    said.start(HOSTS)
+    said.send(ev.InitCalled(said.worker_on("a").id))
+    for sim in (imports, said):
+        sim.send(ev.WorkerExited(sim.worker_on("b").id, 1))
+        assert sim.state.hosts.is_blacklisted("b", sim.now) and sim.state.restart is None
+        assert not any(w.status is WorkerStatus.STOPPING for w in sim.members()
+                       if w.slot.host == "a")
 
 
 def test_a_script_that_calls_init_keeps_in_process_recovery() -> None:
@@ -182,10 +224,11 @@ def test_an_unreachable_host_fails_and_the_restart_does_not_wait_for_its_workers
     actions += sim.advance(0.5)  # a probe unanswered by b's members
     actions += sim.send(ev.ProcessesInspected(1, tuple(
         (w.id, ProcessView(ProcessState.UNREACHABLE, "no answer within 2s")) for w in frozen)))
-    assert sim.state.hosts.is_blacklisted("b", sim.now) and sim.state.restarts == 1
+    assert sim.state.hosts.is_blacklisted("b", sim.now)
     actions = []
     for worker in (sim.worker_on("a", 0), sim.worker_on("a", 1)):
         actions += sim.send(ev.WorkerExited(worker.id, -15))  # b's never come
+    assert sim.state.restarts == 1
     assert [sorted(s.host for s in o.assignment) for o in of(ev.OpenRound, actions)] == [
         ["a", "a"]]
 

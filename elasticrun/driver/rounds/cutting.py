@@ -49,6 +49,8 @@ def cut(step: Step) -> None:
     state.phase = JobPhase.RECOVERING
     if restarts.hold(step):
         return  # a plain round's members are being stopped: the next round follows them
+    if not restarts.settle(step):
+        return  # --max-restarts spent: the job ended
     capacity = planner.capacity(state, config.max_np, now)
     if capacity < config.min_np:
         _short_of_slots(step, capacity)

@@ -119,6 +119,14 @@ class JoinAsked:
 
 
 @dataclass(frozen=True)
+class InitCalled:
+    """A worker's script called er.init(), before it asked to join: the job's rounds recover
+    in-process (restarts.py)."""
+
+    worker: str
+
+
+@dataclass(frozen=True)
 class WorkerFailing:
     """A worker's own error (not a peer's) ends it; it exits once it has printed it."""
 
@@ -177,7 +185,8 @@ class Interrupted:
 
 Event = (JobStarted | JobResumed | WorkerBack | HostsFound | HostsDrained | HostsAdded
          | WorkerStarted | SpawnFailed | WorkerExited | WorkerFailing | JoinAsked | WorkerSynced
-         | TimerFired | Interrupted | WorkerStalled | ProbeAnswered | ProcessesInspected)
+         | TimerFired | Interrupted | WorkerStalled | ProbeAnswered | ProcessesInspected
+         | InitCalled)
 
 
 # --- actions ---------------------------------------------------------------------------------

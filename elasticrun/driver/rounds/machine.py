@@ -29,6 +29,7 @@ from elasticrun.driver.rounds.events import (
     HostsAdded,
     HostsDrained,
     HostsFound,
+    InitCalled,
     Interrupted,
     JobResumed,
     JobStarted,
@@ -53,9 +54,12 @@ from elasticrun.driver.rounds.step import Step
 
 class RoundMachine:
     def __init__(self, config: DriverConfig, new_worker_id: Callable[[SlotId], str],
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, elastic_scripts: bool = False) -> None:
+        """`elastic_scripts`: the job's script is known to call er.init() (it imports
+        elasticrun: processes/script_kind.py), so no round of it is in restart mode."""
         self.config = config
-        self.state = JobState(HostRegistry(config.blacklist_cooldown, rng))
+        self.state = JobState(HostRegistry(config.blacklist_cooldown, rng),
+                              elastic_scripts=elastic_scripts)
         self._new_worker_id = new_worker_id
 
     def handle(self, event: Event, now: float) -> list[Action]:
@@ -99,6 +103,8 @@ class RoundMachine:
         elif isinstance(event, SpawnFailed):
             _spawn_failed(step, event)
             _after_exit(step)
+        elif isinstance(event, InitCalled):
+            self.state.elastic_scripts = True
         elif isinstance(event, Interrupted):
             step.log("warning", f"received {event.signal_name}; stopping the job")
             step.finish(event.code)

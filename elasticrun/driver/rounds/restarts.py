@@ -11,8 +11,10 @@ machine would have none left. A host that cannot start workers still fails. A ch
 the hosts within the job's limits restarts the round too, without counting, as torchrun
 restarts its workers when a node joins or leaves.
 
-A job's rounds are plain until one of its workers calls er.init() (asks to join): scripts
-that call it keep in-process recovery (machine.py, cutting.py) from then on.
+A job's rounds are plain until its script is known to call er.init(): it imports
+elasticrun (read before the job starts: processes/script_kind.py), or one of its workers
+calls er.init() (its foothold says so) or asks to join. Such scripts keep in-process
+recovery (machine.py, cutting.py).
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ from elasticrun.driver.rounds.events import TimerKind
 from elasticrun.driver.rounds.state import JobPhase, JobState, Restart, WorkerRecord
 from elasticrun.driver.rounds.step import Step
 
-# Beyond the grace period, how long a SIGKILLed member's exit may take to be reported; a
-# member still not gone then is on a host that cannot be reached (restart_stopped).
-STOP_SLACK_S = 5.0
+# Beyond the grace period, how long a SIGKILLed member's exit may take to be reported (a
+# worker whose host's template still imports torch answers its stop late); a member still
+# not gone then is on a host that cannot be reached (restart_stopped).
+STOP_SLACK_S = 15.0
 
 
 def plain(state: JobState) -> bool:
@@ -38,20 +41,13 @@ def applies(state: JobState, worker: WorkerRecord) -> bool:
 
 
 def failed(step: Step, cause: str) -> None:
-    """A member of a plain round failed (`cause` names it): the round restarts, counted
-    against --max-restarts; once they are spent, the job ends instead."""
-    state, config = step.state, step.config
-    if state.restart is not None:
-        return  # the round restarts already: this failure is part of its end
-    if state.restarts >= config.max_restarts:
-        step.fail(_spent(cause, config.max_restarts))
-        return
-    state.restarts += 1
-    step.log("warning", f"{cause}; restarting every worker (restart {state.restarts} of "
-                        f"--max-restarts {config.max_restarts}): the scripts never called "
-                        f"er.init(), so they go on from their own checkpoints")
-    step.report("round_restarting", count=state.restarts, cause=cause)
-    _begin(step)
+    """A member of a plain round failed (`cause` names it): every member is stopped. Whether
+    it counts against --max-restarts is decided once they are gone (settle): when a node
+    dies, the others' collectives fail too, often before its loss is known."""
+    state = step.state
+    if state.restart is None:
+        step.log("info", f"{cause}; stopping every worker to restart them")
+        _begin(step, cause)
 
 
 def lost_with_host(step: Step, worker: WorkerRecord, code: int) -> None:
@@ -62,6 +58,33 @@ def lost_with_host(step: Step, worker: WorkerRecord, code: int) -> None:
     step.record_failure(worker, cause, "lost", rank=worker.rank, exit_code=code)
     if step.state.restart is None:
         _uncounted(step, f"host {host} is gone")
+    else:
+        step.state.restart.explained = True
+
+
+def settle(step: Step) -> bool:
+    """The old members are gone: a restart after a failure counts now, unless a host left
+    meanwhile (its loss explains the failure). False: --max-restarts is spent, and the job
+    ends instead (its workers are all stopped by then)."""
+    state, config = step.state, step.config
+    restart, current = state.restart, state.round
+    if restart is None or restart.settled or not restart.cause or current is None:
+        return True
+    restart.settled = True
+    discovered = state.hosts.discovered
+    if restart.explained or any(slot.host not in discovered for slot in current.assignment):
+        step.log("info", f"{restart.cause}: a host was lost meanwhile; the restart is not "
+                         f"counted against --max-restarts")
+        return True
+    if state.restarts >= config.max_restarts:
+        step.fail(_spent(restart.cause, config.max_restarts))
+        return False
+    state.restarts += 1
+    step.log("warning", f"{restart.cause}; restarting every worker (restart {state.restarts} "
+                        f"of --max-restarts {config.max_restarts}): the scripts never called "
+                        f"er.init(), so they go on from their own checkpoints")
+    step.report("round_restarting", count=state.restarts, cause=restart.cause)
+    return True
 
 
 def hold(step: Step) -> bool:
@@ -96,17 +119,17 @@ def stop_deadline(step: Step) -> None:
 def _uncounted(step: Step, why: str) -> None:
     step.log("info", f"{why}: restarting every worker (not counted against --max-restarts)")
     step.report("round_restarting", count=step.state.restarts, cause="")
-    _begin(step)
+    _begin(step, "")
 
 
-def _begin(step: Step) -> None:
+def _begin(step: Step, cause: str) -> None:
     state = step.state
     current = state.round
     assert current is not None
     state.phase = JobPhase.RECOVERING
     state.stall = None
     deadline = step.now + step.config.stop_grace_period + STOP_SLACK_S
-    state.restart = Restart(deadline)
+    state.restart = Restart(deadline, cause)
     step.timer(TimerKind.RESTART_STOPPED, deadline, round=current.number)
     step.report("round_broken")
     step.break_round(current.number)

@@ -147,9 +147,12 @@ class Resume:
 class Restart:
     """A round whose scripts never called er.init() is restarted whole (restarts.py): its
     members are being stopped; the next round opens, every slot a new worker, once they
-    are gone, or at `deadline`."""
+    are gone, or at `deadline`. Whether it counts against --max-restarts is decided then."""
 
     deadline: float
+    cause: str = ""  # the failure that began it ("": the hosts changed, never counted)
+    explained: bool = False  # a member was lost with its host meanwhile: a host change
+    settled: bool = False  # counted (or not) already
 
 
 @dataclass

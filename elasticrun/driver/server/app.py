@@ -82,6 +82,7 @@ class WorkerServer:
         app.router.add_post(protocol.PATH_SYNCED, self.rounds.synced)
         app.router.add_post(protocol.PATH_FAILING, self.rounds.failing)
         app.router.add_post(protocol.PATH_STALLED, self.rounds.stalled)
+        app.router.add_post(protocol.PATH_INIT, self.rounds.init_called)
         app.router.add_post(protocol.PATH_TIMELINE, self.timeline.handle)
         app.router.add_post(protocol.PATH_RUN_FUNCTION, self.results.function)
         app.router.add_post(protocol.PATH_RUN_RESULT, self.results.result)

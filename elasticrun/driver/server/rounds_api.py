@@ -19,6 +19,7 @@ from aiohttp import web
 from elasticrun import protocol
 from elasticrun.driver.rounds.events import (
     Event,
+    InitCalled,
     JoinAsked,
     ProbeAnswered,
     WorkerFailing,
@@ -133,13 +134,18 @@ class RoundEndpoints:
         return self._report(WorkerFailing(p.field(body, "worker_id", str),
                                           p.field(body, "failure", str)[:500]))
 
+    async def init_called(self, request: web.Request) -> web.Response:
+        body = request[PAYLOAD]
+        return self._report(InitCalled(p.field(body, "worker_id", str)))
+
     async def stalled(self, request: web.Request) -> web.Response:
         body = request[PAYLOAD]
         return self._report(WorkerStalled(p.field(body, "worker_id", str),
                                           p.field(body, "round", int),
                                           p.number(body, "waited_s", 0.0)))
 
-    def _report(self, event: WorkerSynced | WorkerFailing | WorkerStalled) -> web.Response:
+    def _report(self, event: WorkerSynced | WorkerFailing | WorkerStalled | InitCalled
+                ) -> web.Response:
         if not self._known(event.worker):
             return p.error(403, "unknown worker")
         self._post(event)
