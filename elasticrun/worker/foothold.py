@@ -83,6 +83,7 @@ class Foothold:
         if self._retired.is_set():
             return
         self._retired.set()
+        gloo_teardown.restore()
         if self._notices is not None:
             self._notices.stop()
         client = self._client.bounded(REPORT_TIMEOUT_S)

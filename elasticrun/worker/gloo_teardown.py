@@ -12,7 +12,9 @@ still dropping a collective, neither moves again (pytorch/pytorch#180700). Measu
 imported before the script started, as a worker template does.
 
 `destroy_process_group` is given a pause first, the GIL released, in which Gloo's
-threads finish with what they hold; the script's own call is unchanged otherwise.
+threads finish with what they hold; the script's own call is unchanged otherwise. A script
+that calls er.init() gets the function back as it was (elasticrun tears its rounds' groups
+down itself, and a pause there would slow every recovery).
 """
 
 from __future__ import annotations
@@ -30,9 +32,18 @@ def settle_before_destroy() -> None:
     """Wraps torch.distributed.destroy_process_group (if torch.distributed is imported)."""
     dist = sys.modules.get("torch.distributed")
     original = getattr(dist, "destroy_process_group", None)
-    if dist is None or original is None or getattr(original, "_elasticrun_settles", False):
+    if dist is None or original is None or hasattr(original, "_elasticrun_original"):
         return
     dist.destroy_process_group = _settling(original)  # type: ignore[attr-defined]
+
+
+def restore() -> None:
+    """Undoes settle_before_destroy()."""
+    dist = sys.modules.get("torch.distributed")
+    original = getattr(getattr(dist, "destroy_process_group", None), "_elasticrun_original",
+                       None)
+    if original is not None:
+        dist.destroy_process_group = original  # type: ignore[union-attr]
 
 
 def _settling(destroy: Callable[..., Any]) -> Callable[..., Any]:
@@ -41,5 +52,5 @@ def _settling(destroy: Callable[..., Any]) -> Callable[..., Any]:
         time.sleep(SETTLE_S)
         return destroy(*args, **kwargs)
 
-    destroy_process_group._elasticrun_settles = True  # type: ignore[attr-defined]
+    destroy_process_group._elasticrun_original = destroy  # type: ignore[attr-defined]
     return destroy_process_group

@@ -20,3 +20,7 @@ def test_destroy_process_group_waits_with_the_gil_released_then_destroys(
     dist.destroy_process_group("group")
     assert calls == [("group",)]
     assert gloo_teardown.SETTLE_S <= time.monotonic() - started < 10 * gloo_teardown.SETTLE_S
+    gloo_teardown.restore()  # a script that calls er.init(): as it was
+    started = time.monotonic()
+    dist.destroy_process_group("again")
+    assert calls[-1] == ("again",) and time.monotonic() - started < gloo_teardown.SETTLE_S
