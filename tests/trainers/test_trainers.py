@@ -55,7 +55,7 @@ class Job:
 
 
 def run(launch: list[str], script: str, out: Path) -> Job:
-    args = ["--steps", "30", "--save-every", "10", "--out", str(out), "--step-sleep", "0.2"]
+    args = ["--steps", "30", "--save-every", "10", "--out", str(out), "--step-sleep", "0.1"]
     proc, tag = start_job([*launch, *([PYTHON] if launch[0] == "-np" else []),
                            str(SCRIPTS / script), *args])
     job = Job(proc, tag)
