@@ -5,82 +5,17 @@ er.init() runs as long as it runs, whatever the driver's timers."""
 
 from __future__ import annotations
 
-import os
 import re
 import signal
-import subprocess
-import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.integration.harness import (
-    PYTHON,
-    REPO,
-    assert_no_orphans,
-    cmdline,
-    run_job,
-    start_job,
-    tagged_pids,
-)
+from tests.integration.harness import PYTHON, REPO, run_job
+from tests.integration.watched import Watched, watch
 
 DDP = str(REPO / "tests" / "trainers" / "scripts" / "ddp_checkpoint.py")
-TEMPLATE = "elasticrun.worker.template"
 SHORT_TIMERS = ["--start-timeout", "1", "--collective-timeout", "1", "--init-timeout", "1",
                 "--hang-timeout", "1", "--stuck-timeout", "1"]
-
-
-@dataclass
-class Watched:
-    """A running job whose output lines are collected as they come."""
-
-    proc: subprocess.Popen[str]
-    tag: str
-    lines: list[str] = field(default_factory=list)
-    err: list[str] = field(default_factory=list)
-
-    def wait_for(self, pattern: str, timeout: float = 90.0) -> re.Match[str]:
-        deadline = time.monotonic() + timeout
-        regex = re.compile(pattern)
-        while time.monotonic() < deadline:
-            for line in list(self.lines):
-                if (match := regex.search(line)) is not None:
-                    return match
-            assert self.proc.poll() is None, f"the job ended first:\n{''.join(self.err)}"
-            time.sleep(0.05)
-        raise AssertionError(f"no line matched {pattern!r} in {timeout}s")
-
-    def finish(self, timeout: float = 120.0) -> int:
-        try:
-            code = self.proc.wait(timeout)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-        time.sleep(0.2)  # the readers' last lines
-        assert_no_orphans(self.tag)
-        return code
-
-
-def watch(args: list[str], extra_env: dict[str, str] | None = None) -> Watched:
-    proc, tag = start_job(args, extra_env)
-    job = Watched(proc, tag)
-    for stream, sink in ((proc.stdout, job.lines), (proc.stderr, job.err)):
-        threading.Thread(target=lambda s=stream, k=sink: k.extend(iter(s.readline, "")),
-                         daemon=True).start()
-    return job
-
-
-def a_worker(tag: str) -> int:
-    """A worker of the job: forked by its template (a worker's /proc environ is the
-    template's, so the tag finds both; the parent tells them apart)."""
-    for pid in tagged_pids(tag):
-        try:
-            parent = int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        if TEMPLATE in cmdline(parent) and TEMPLATE in cmdline(pid):
-            return pid
-    raise AssertionError("no worker found")
 
 
 def ddp(out: Path, steps: int, sleep: float) -> list[str]:
@@ -97,7 +32,7 @@ def signalled_mid_training(tmp_path: Path, launcher: list[str],
     job = watch([*launcher, *python, *ddp(tmp_path / "out", 30, 0.15)])
     job.wait_for(r"step 7 rank 0 restart 0")
     signalled_at = time.monotonic()
-    os.kill(a_worker(job.tag), sig)
+    job.signal_a_worker(sig)
     job.wait_for(r"start resumed_from=5 world=2", timeout=60)
     assert time.monotonic() - signalled_at < 20  # loose: a loaded machine (benchmarks/)
     return job
@@ -134,8 +69,8 @@ def test_a_killed_worker_restarts_every_worker_from_the_scripts_checkpoint(
         tmp_path: Path) -> None:
     job = signalled_mid_training(tmp_path, ["-np", "2", "--max-restarts", "2"],
                                  signal.SIGKILL)
-    assert job.finish() == 0, "".join(job.err)[-3000:]
-    out, err = "".join(job.lines), "".join(job.err)
+    assert job.finish() == 0, job.stderr[-3000:]
+    out, err = job.out, job.stderr
     assert "restarting every worker (restart 1 of --max-restarts 2)" in err
     assert "round 2: world size 2 on localhost:2 (2 new worker(s))" in err
     assert "[0]<stdout>:step 6 rank 0 restart 1" in out  # resumed after step 5
@@ -148,11 +83,11 @@ def test_a_stopped_worker_is_found_and_every_worker_restarts(tmp_path: Path) -> 
     threads asleep in one wait, the driver probes the round and asks the host: stopped."""
     job = signalled_mid_training(tmp_path, ["-np", "2", "--max-restarts", "1"],
                                  signal.SIGSTOP)
-    assert job.finish() == 0, "".join(job.err)[-3000:]
-    err = "".join(job.err)
+    assert job.finish() == 0, job.stderr[-3000:]
+    err = job.stderr
     assert re.search(r"rank \d on host localhost hung: its process is stopped \(SIGSTOP\); "
                      r"restarting every worker \(restart 1 of --max-restarts 1\)", err), err
-    assert "[1]<stdout>:step 30 rank 1 restart 1" in "".join(job.lines)
+    assert "[1]<stdout>:step 30 rank 1 restart 1" in job.out
 
 
 def test_torchruns_form_restarts_within_max_restarts_then_fails_naming_it(
@@ -161,7 +96,7 @@ def test_torchruns_form_restarts_within_max_restarts_then_fails_naming_it(
         tmp_path, ["--standalone", "--nproc-per-node", "2", "--max-restarts", "1"],
         signal.SIGKILL)
     job.wait_for(r"step 8 rank 0 restart 1")
-    os.kill(a_worker(job.tag), signal.SIGKILL)
+    job.signal_a_worker(signal.SIGKILL)
     assert job.finish() == 1
     errors = [line for line in job.err if line.startswith("elasticrun: error:")]
     assert len(errors) == 1 and "was killed by SIGKILL; --max-restarts 1 spent" in errors[0]
