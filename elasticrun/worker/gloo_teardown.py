@@ -12,13 +12,20 @@ still dropping a collective, neither moves again (pytorch/pytorch#180700). Measu
 imported before the script started, as a worker template does.
 
 `destroy_process_group` is given a pause first, the GIL released, in which Gloo's
-threads finish with what they hold; the script's own call is unchanged otherwise. A script
-that calls er.init() gets the function back as it was (elasticrun tears its rounds' groups
-down itself, and a pause there would slow every recovery).
+threads finish with what they hold; the script's own call is unchanged otherwise. And a
+group the script leaves to the interpreter's end (a Hugging Face Trainer does) is destroyed
+so, at exit, while the interpreter is whole: destroyed during its finalisation instead,
+Gloo's threads can abort the process after a successful run ("terminate called without an
+active exception", seen once in the suite's Trainer jobs). elasticrun does the same for
+its own groups (torch/world/runtime.py). A script that calls er.init() gets all of it back
+as it was (elasticrun tears its rounds' groups down itself, and a pause there would slow
+every recovery).
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import functools
 import sys
 import time
@@ -35,15 +42,26 @@ def settle_before_destroy() -> None:
     if dist is None or original is None or hasattr(original, "_elasticrun_original"):
         return
     dist.destroy_process_group = _settling(original)  # type: ignore[attr-defined]
+    atexit.register(destroy_left_group)  # first registered: it runs after the script's
 
 
 def restore() -> None:
     """Undoes settle_before_destroy()."""
+    atexit.unregister(destroy_left_group)
     dist = sys.modules.get("torch.distributed")
     original = getattr(getattr(dist, "destroy_process_group", None), "_elasticrun_original",
                        None)
     if original is not None:
         dist.destroy_process_group = original  # type: ignore[union-attr]
+
+
+def destroy_left_group() -> None:
+    """At exit: the default group, if the script left it, is destroyed (with the pause)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return
+    with contextlib.suppress(Exception):  # a group that fails to go is abandoned, as before
+        dist.destroy_process_group()
 
 
 def _settling(destroy: Callable[..., Any]) -> Callable[..., Any]:
