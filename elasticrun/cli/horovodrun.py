@@ -60,10 +60,10 @@ from elasticrun.process_setup import setup_logging
               show_default=True, envvar="ELASTICRUN_LAUNCHER",
               help="How workers start: auto (local for this machine's names, SSH for the "
                    "rest), local, ssh, slurm (srun, inside an allocation), agent (through "
-                   "`elasticrun agent`s that connect to this driver), an installed "
+                   "`elasticrun agent` processes that connect to this driver), an installed "
                    "launcher's NAME[:ARG], or module.path:factory[:ARG].")
 @click.option("--agent-token-file", type=click.Path(path_type=Path, dir_okay=False),
-              metavar="FILE", help="Token that `elasticrun agent`s authenticate with "
+              metavar="FILE", help="Token that `elasticrun agent` processes authenticate with "
                                    "(--launcher agent, --discovery agents). Or set "
                                    "ELASTICRUN_AGENT_TOKEN.")
 @click.option("--discovery-interval", type=float, default=1.0, show_default=True,
