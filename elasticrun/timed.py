@@ -29,7 +29,7 @@ async def within(awaitable: Awaitable[T], seconds: float) -> T:
         raise
     if not done:
         await _stop(task)
-        raise asyncio.TimeoutError
+        raise TimeoutError
     return task.result()
 
 

@@ -160,7 +160,7 @@ class Agent:
         while True:
             try:
                 ws = await within(self._connect(session), CONNECT_TIMEOUT_S)
-            except (aiohttp.ClientError, OSError, asyncio.TimeoutError, wire.BadMessage) as exc:
+            except (TimeoutError, aiohttp.ClientError, OSError, wire.BadMessage) as exc:
                 self._check_grace(f"cannot reach it: {exc}")
                 await asyncio.sleep(RETRY_S[min(attempt, len(RETRY_S) - 1)])
                 attempt += 1

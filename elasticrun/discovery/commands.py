@@ -33,7 +33,7 @@ async def run_command(argv: Sequence[str], timeout: float, name: str,
         raise DiscoveryError(f"{name}: cannot run: {exc.strerror}") from None
     try:
         out, err = await within(proc.communicate(), timeout)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         await kill_session(proc)
         raise DiscoveryError(f"{name}: no answer within {timeout:g}s") from None
     except BaseException:  # cancelled: the job is ending, and the command goes first

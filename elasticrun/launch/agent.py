@@ -5,8 +5,6 @@ environment stays its own, and the driver's never travels."""
 
 from __future__ import annotations
 
-import asyncio
-
 from elasticrun.errors import ConfigError, SpawnError
 from elasticrun.launch import agent_wire as wire
 from elasticrun.launch.agent_hub import AgentHub
@@ -44,7 +42,7 @@ class AgentLauncher:
                                    wire.seal(self._hub.token, spec.worker_id, spec.job_env)))
         try:
             error = await within(process.started, START_ACK_S)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             link.processes.pop(spec.worker_id, None)
             await link.send(wire.Stop(spec.worker_id, 0.0))  # in case it starts after all
             process.lost()

@@ -150,7 +150,7 @@ class AgentHub:
         try:
             first = await within(ws.receive(), HELLO_TIMEOUT_S)
             hello = wire.decode(first.data) if first.type == WSMsgType.TEXT else None
-        except (asyncio.TimeoutError, wire.BadMessage) as exc:
+        except (TimeoutError, wire.BadMessage) as exc:
             log.warning("agent connection from %s: no valid hello (%s)", request.remote,
                         exc or "timed out")
             return None

@@ -187,7 +187,7 @@ class _Template:
             os.close(err_w)
         try:
             message = await within(answer, ANSWER_TIMEOUT_S)
-        except (asyncio.TimeoutError, SpawnError):
+        except (TimeoutError, SpawnError):
             for fd in (out_r, err_r):
                 os.close(fd)
             raise SpawnError(f"cannot start {command[0]!r}: the worker template did not "
@@ -262,7 +262,7 @@ class Forker:
         template = _Template(process, ours)
         try:
             await within(asyncio.shield(template.ready), READY_TIMEOUT_S)
-        except (asyncio.TimeoutError, SpawnError):
+        except (TimeoutError, SpawnError):
             log.debug("the worker template did not start: workers are exec'd")
             await template.close()
             return None

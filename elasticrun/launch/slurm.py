@@ -127,7 +127,7 @@ async def _slurm_tool(argv: list[str]) -> str:
         return ""
     try:
         out, _ = await within(proc.communicate(), SLURM_TOOL_TIMEOUT_S)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         proc.kill()
         await proc.wait()
         return ""

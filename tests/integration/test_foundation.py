@@ -266,7 +266,7 @@ STAMPED = re.compile(
 
 def _check_stamp(stamp: str) -> None:
     when = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-    now = (datetime.datetime.now(datetime.timezone.utc) if when.tzinfo
+    now = (datetime.datetime.now(datetime.UTC) if when.tzinfo
            else datetime.datetime.now())
     assert abs((now - when).total_seconds()) < 300, stamp
 

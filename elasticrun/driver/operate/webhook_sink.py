@@ -136,7 +136,7 @@ class WebhookSink:
                 async with session.post(self._url, data=body, headers=headers,
                                         allow_redirects=False) as response:
                     status = response.status
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
+            except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
                 reason, retry = _describe(exc, self._timeout), True
             else:
                 if 200 <= status < 300:
@@ -165,7 +165,7 @@ class WebhookSink:
             while self.pending and not self._failing and self._task and not self._task.done():
                 self._changed.clear()
                 await within(self._changed.wait(), max(0.0, deadline - loop.time()))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
         finally:  # even when close() itself is cancelled, delivery stops and is accounted for
             lost, self._inflight = self.pending, None

@@ -138,7 +138,7 @@ class WorkerPool:
             return ProcessView(ProcessState.UNKNOWN, "its launcher cannot tell")
         try:
             view: ProcessView = await within(ask(), INSPECT_TIMEOUT_S)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return ProcessView(ProcessState.UNREACHABLE,
                                f"no answer within {INSPECT_TIMEOUT_S:g}s")
         except (OSError, EOFError) as exc:
