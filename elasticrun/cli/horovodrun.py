@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from elasticrun import __version__
 from elasticrun.cli.config_file import config_file_callback
 from elasticrun.cli.job import run_job
 from elasticrun.cli.options import (
@@ -140,7 +141,7 @@ from elasticrun.process_setup import setup_logging
 @VERBOSE
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED,
                 metavar="COMMAND [ARGS]...")
-@click.version_option(package_name="elasticrun")
+@click.version_option(__version__, message="%(prog)s %(version)s")
 def cli(**options: object) -> None:
     """Runs COMMAND as an elastic data-parallel job.
 

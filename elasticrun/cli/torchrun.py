@@ -2,8 +2,8 @@
 --nproc-per-node 2 train.py` does. Every flag of torch 2.13's torchrun, in each of its
 spellings (dashes and underscores, `=` or a space), its default from PET_<NAME> as
 torchrun's own (Kubeflow's PyTorchJob sets them), then SCRIPT [ARGS] without `python`.
-What elasticrun does with each: docs/torchrun.md. The values: torchrun_args.py; what runs
-on this node: torchrun_plan.py and torchrun_launch.py.
+What elasticrun does with each: docs/migrating/torchrun.md. The values: torchrun_args.py;
+what runs on this node: torchrun_plan.py and torchrun_launch.py.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import click
 
+from elasticrun import __version__
 from elasticrun.cli.machine import cpu_count, gpu_count
 from elasticrun.cli.options import CONTEXT, shared_options
 from elasticrun.cli.torchrun_args import DEFAULT_SIGNALS, Devices, TorchrunArgs, parse_args
@@ -28,7 +29,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 OWN_OPTIONS = ("collective_timeout", "hang_detection", "hang_timeout", "stuck_timeout",
                "init_timeout", "backend", "driver_timeout", "network_interface",
                "output_filename", "prefix_output_with_timestamp", "event_log")
-# Accepted, for what elasticrun does differently (docs/torchrun.md says what)
+# Accepted, for what elasticrun does differently (docs/migrating/torchrun.md says what)
 ACCEPTED_ONLY = ("monitor_interval", "start_method", "event_log_handler")
 
 
@@ -47,7 +48,7 @@ def pet(*names: str, **kwargs: Any) -> Callable[[F], F]:
                       "--prefix-output-with-timestamp, --event-log, --timeline-filename, "
                       "--timeline-mark-cycles, --log-level, -v/--verbose (see `elasticrun "
                       "--help`). Every torchrun flag and what elasticrun does with it: "
-                      "docs/torchrun.md.")
+                      "docs/migrating/torchrun.md.")
 @pet("--nnodes", "nnodes", default="1:1", show_default=True, metavar="N|MIN:MAX",
      help="Number of nodes, or the range MIN:MAX.")
 @pet("--nproc-per-node", "--nproc_per_node", "nproc_per_node", default="1", show_default=True,
@@ -118,7 +119,7 @@ def pet(*names: str, **kwargs: Any) -> Callable[[F], F]:
 @shared_options
 @click.argument("script", metavar="SCRIPT")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[ARGS]...")
-@click.version_option(package_name="elasticrun")
+@click.version_option(__version__, message="%(prog)s %(version)s")
 def torchrun_cli(**options: Any) -> None:
     """Runs SCRIPT as torchrun does: `elasticrun` in place of `torchrun`, the rest of the
     line unchanged. Scripts that never call er.init() restart as a whole on a failure.

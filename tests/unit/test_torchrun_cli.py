@@ -198,7 +198,7 @@ def help_of(capsys: pytest.CaptureFixture[str], args: list[str]) -> str:
 def test_torchrun_help_names_the_own_options(capsys: pytest.CaptureFixture[str]) -> None:
     out = help_of(capsys, ["--nproc-per-node", "1", "--help"])
     assert "SCRIPT [ARGS]" in out and "--rdzv_endpoint" in out and "PET_NNODES" in out
-    assert "--collective-timeout" in out and "docs/torchrun.md" in out
+    assert "--collective-timeout" in out and "docs/migrating/torchrun.md" in out
 
 
 def test_own_help_tells_of_torchruns_form(capsys: pytest.CaptureFixture[str]) -> None:
@@ -207,8 +207,7 @@ def test_own_help_tells_of_torchruns_form(capsys: pytest.CaptureFixture[str]) ->
 
 # --- `elasticrun status URL` --------------------------------------------------------------
 @pytest.mark.parametrize("args", [
-    ["status", "http://127.0.0.1:1"], ["status", "--url", "http://127.0.0.1:1"],
-    ["status", "http://127.0.0.1:1", "--url", "http://127.0.0.1:1"]])
+    ["status", "http://127.0.0.1:1"], ["status", "--url", "http://127.0.0.1:1"]])
 def test_status_takes_the_url_either_way(capsys: pytest.CaptureFixture[str],
                                          args: list[str]) -> None:
     with pytest.raises(SystemExit) as info:
@@ -218,9 +217,16 @@ def test_status_takes_the_url_either_way(capsys: pytest.CaptureFixture[str],
         "elasticrun: error: http://127.0.0.1:1/status: cannot reach the driver")
 
 
-def test_status_with_two_urls(capsys: pytest.CaptureFixture[str]) -> None:
-    line = one_line_error(capsys, ["status", "http://a:1", "--url", "http://b:1"])
-    assert "two different URLs" in line
+@pytest.mark.parametrize("urls", [("http://a:1", "http://b:1"), ("http://a:1", "http://a:1")],
+                         ids=["different", "same"])
+def test_status_with_two_urls(capsys: pytest.CaptureFixture[str], urls: tuple[str, str]) -> None:
+    line = one_line_error(capsys, ["status", urls[0], "--url", urls[1]])
+    assert "the URL twice" in line and "give it once" in line
+
+
+def test_status_with_no_url(capsys: pytest.CaptureFixture[str]) -> None:
+    line = one_line_error(capsys, ["status", "--timeout", "2"])
+    assert "no driver URL" in line and "--url" in line
 
 
 # --- hostile values -----------------------------------------------------------------------
