@@ -85,20 +85,24 @@ def _duration(seconds: Any) -> str:
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("url_arg", required=False, metavar="[URL]")
+@click.argument("url_arg", required=False, metavar="URL")
 @click.option("--url", metavar="URL",
-              help="The driver's address, as logged at start: http://HOST:PORT (or give it "
-                   "as the argument URL).")
+              help="The driver's address, in place of the argument URL.")
 @click.option("--json", "as_json", is_flag=True, help="Print the raw JSON.")
 @click.option("--timeout", type=float, default=5.0, show_default=True,
               help="Seconds to wait for the driver.")
 def status_command(url_arg: str | None, url: str | None, as_json: bool, timeout: float) -> None:
-    """Shows a running job's round, world size, hosts and blacklist: `elasticrun status URL`."""
-    if url_arg is not None and url is not None and url_arg != url:
-        raise click.UsageError(f"two different URLs: {url_arg!r} and --url {url!r}; give one")
+    """Shows a running job's round, world size, hosts and blacklist.
+
+    URL is the driver's address, http://HOST:PORT, as the job's start line gives it
+    (`elasticrun status http://HOST:PORT`); --url URL is the same.
+    """
+    if url_arg is not None and url is not None:
+        raise click.UsageError(f"the URL twice ({url_arg!r} and --url {url!r}): give it once, "
+                               f"as the argument or as --url")
     target = url_arg if url_arg is not None else url
     if target is None:
-        raise click.UsageError("no driver URL: give `elasticrun status URL` or --url URL "
-                               "(the driver's address, as logged at start)")
+        raise click.UsageError("no driver URL: give it, `elasticrun status http://HOST:PORT` "
+                               "(as the job's start line says), or --url URL")
     status = fetch_status(target, timeout)
     click.echo(json.dumps(status, indent=2) if as_json else format_status(status))

@@ -157,8 +157,9 @@ class Driver:
             log.info("agents connect at http://%s:%d", ",".join(addresses), port)
         elif (warning := wildcard_warning(addresses, port)) is not None:
             log.warning("%s", warning)
-        log.info("job %s: status at http://%s:%d/status", self.job_id,
-                 "127.0.0.1" if covered(addresses, "127.0.0.1") else dialed[0], port)
+        status_host = "127.0.0.1" if covered(addresses, "127.0.0.1") else dialed[0]
+        log.info("job %s: status at http://%s:%d/status (elasticrun status http://%s:%d)",
+                 self.job_id, status_host, port, status_host, port)
         log.debug("driver server on %s port %d", ", ".join(addresses), port)
         if config.state_dir is not None and self._journal is None:
             self._journal = await self._open_journal(port)

@@ -405,16 +405,23 @@ def test_metrics_and_status_match_what_happened(tmp_path: Path) -> None:
     assert status["world_size"] == 2 and status["resets"] == 1
     assert [b["host"] for b in status["blacklist"]] == ["localhost"]
     assert status["blacklist"][0]["cooldown_left_s"] is None  # no cooldown range: permanent
-    shown = subprocess.run([PYTHON, "-m", "elasticrun", "status", "--url", job.url],
-                           capture_output=True, text=True, timeout=30)
+    # the URL as the argument (the form the job's start line gives) and as --url
+    shown, by_option = (
+        subprocess.run([PYTHON, "-m", "elasticrun", "status", *url], capture_output=True,
+                       text=True, timeout=30)
+        for url in ([job.url], ["--url", job.url]))
     assert shown.returncode == 0, shown.stderr
+    assert by_option.returncode == 0, by_option.stderr
     lines = shown.stdout.splitlines()
+    assert by_option.stdout.splitlines()[1:] == lines[1:]  # the first line has the uptime
     assert lines[0].startswith(f"job {status['job_id']}: running, round 2, world size 2")
     rows = {line.split()[0]: line.split()[1:] for line in lines if line[:1] not in (" ", "j")}
     assert rows["127.0.0.1"] == ["2", "active", "0,1"]
     assert rows["localhost"][:2] == ["2", "blacklisted"]
     stop.touch()
-    job.finish()
+    result = job.finish()
+    # the job's start line gives the command that shows its status
+    assert f"status at {job.url}/status (elasticrun status {job.url})" in result.stderr
 
 
 def test_status_of_no_driver_is_one_line() -> None:

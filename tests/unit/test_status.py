@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from elasticrun.cli.entry import main
 from elasticrun.cli.status import fetch_status, format_status
 from elasticrun.driver.hosts.registry import BlacklistEntry
 from elasticrun.driver.operate.status import JobView, build_status, count_states, host_states
@@ -263,3 +264,23 @@ async def test_fetch_status_nothing_listening() -> None:
     message = await fetch_error(f"127.0.0.1:{port}")
     assert message.startswith(f"http://127.0.0.1:{port}/status: cannot reach the driver: ")
     assert "Connection refused" in message
+
+
+# --------------------------------------------------------------------------- `elasticrun status`
+
+
+@pytest.mark.parametrize("form", ["argument", "--url"])
+async def test_the_status_command_takes_the_url_either_way(
+        capsys: pytest.CaptureFixture[str], form: str) -> None:
+    """`elasticrun status URL` and `elasticrun status --url URL` show the same table."""
+    status = build_status(view())
+
+    async def handler(request: web.Request) -> web.Response:
+        return web.json_response(status)
+
+    async for address in _serve(handler):
+        url = f"http://{address}"
+        args = ["status", url] if form == "argument" else ["status", "--url", url]
+        await asyncio.to_thread(main, args)  # blocks (urllib): off the loop that answers
+    out, err = capsys.readouterr()
+    assert (out, err) == (format_status(status) + "\n", "")
