@@ -127,7 +127,7 @@ def _set_group_count(value: int | None) -> None:
 
 
 def default_group() -> dist.ProcessGroup | None:
-    return dist.distributed_c10d._get_default_group() if dist.is_initialized() else None
+    return dist.group.WORLD  # the default group, None before init_process_group
 
 
 def destroy_process_group() -> None:

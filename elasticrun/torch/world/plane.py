@@ -35,7 +35,10 @@ def process_group_for(device: torch.device | str = "cuda") -> dist.ProcessGroup:
     kind = torch.device(device).type
     group = device_group() if kind == "cuda" else None
     if group is None:
-        group = dist.distributed_c10d._get_default_group()
+        group = dist.group.WORLD  # the default group (torch's public name for it)
+    if group is None:
+        raise ValueError("Default process group has not been initialized, please make sure "
+                         "to call init_process_group.")
     return group
 
 
