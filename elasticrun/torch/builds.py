@@ -12,18 +12,22 @@ from elasticrun.torch.world import runtime
 
 
 def gloo_built() -> bool:
+    """True: elasticrun's data plane is torch.distributed's Gloo."""
     return True
 
 
 def gloo_enabled() -> bool:
+    """True: every job uses Gloo (NCCL, where torch has it, carries CUDA tensors)."""
     return True
 
 
 def mpi_built() -> bool:
+    """False: elasticrun has no MPI."""
     return False
 
 
 def mpi_enabled() -> bool:
+    """False: elasticrun has no MPI."""
     return False
 
 
@@ -44,14 +48,17 @@ def cuda_built() -> bool:
 
 
 def rocm_built() -> bool:
+    """False: elasticrun has no ROCm code of its own."""
     return False
 
 
 def ddl_built() -> bool:
+    """False: elasticrun has no DDL."""
     return False
 
 
 def ccl_built() -> bool:
+    """False: elasticrun has no oneCCL."""
     return False
 
 

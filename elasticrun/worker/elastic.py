@@ -156,6 +156,8 @@ class State:
         self._reset_callbacks.extend(callbacks)
 
     def on_reset(self) -> None:
+        """Called after every reset, before the state is synced: runs the callbacks given to
+        register_reset_callbacks()."""
         for callback in self._reset_callbacks:
             callback()
 
@@ -176,6 +178,8 @@ class State:
             raise HostsUpdatedInterrupt()
 
     def check_host_updates(self) -> None:
+        """Raises HostsUpdatedInterrupt on every rank at once when the hosts changed
+        (one scalar collective), without saving the state."""
         if self._backend.start_agreement(self._notice_pending())():
             raise HostsUpdatedInterrupt()
 
@@ -187,12 +191,15 @@ class State:
         return pending
 
     def save(self) -> None:
+        """Keeps a copy of the state in memory (commit() calls it); subclasses define it."""
         raise NotImplementedError
 
     def restore(self) -> None:
+        """Puts back the last saved copy (after a failure, before the next round)."""
         raise NotImplementedError
 
     def sync(self) -> None:
+        """Makes every rank's state rank 0's (at the start of every round)."""
         raise NotImplementedError
 
 
@@ -208,13 +215,16 @@ class ObjectState(State):
         self.save()
 
     def save(self) -> None:
+        """Deep-copies the attributes."""
         self._saved = {name: copy.deepcopy(getattr(self, name)) for name in self._names}
 
     def restore(self) -> None:
+        """Puts back the attributes' last saved copies."""
         for name, value in copy.deepcopy(self._saved).items():
             setattr(self, name, value)
 
     def sync(self) -> None:
+        """Sets every rank's attributes to rank 0's, then saves them."""
         values = self._backend.broadcast_object(
             {name: getattr(self, name) for name in self._names}, 0)
         for name, value in values.items():

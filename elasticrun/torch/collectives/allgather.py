@@ -98,11 +98,14 @@ def allgather(tensor: torch.Tensor, name: str | None = None,
 
 def grouped_allgather(tensors: list[torch.Tensor], name: str | None = None,
                       process_set: ProcessSet | None = global_process_set) -> list[torch.Tensor]:
+    """allgather() of each of `tensors`; returns the gathered tensors, in order."""
     return [allgather(t, name, process_set) for t in tensors]
 
 
 def grouped_allgather_async(tensors: list[torch.Tensor], name: str | None = None,
                             process_set: ProcessSet | None = global_process_set) -> int:
+    """Starts an allgather of each of `tensors`; returns one handle whose
+    synchronize() returns the gathered tensors, in order."""
     started = [allgather_async(t, name, process_set) for t in tensors]
     return handles.register(handles.Pending(
         "grouped allgather", [], lambda: [handles.synchronize(h) for h in started]))

@@ -145,6 +145,8 @@ def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: st
                      op: ReduceOp | None = None, prescale_factor: float = 1.0,
                      postscale_factor: float = 1.0,
                      process_set: ProcessSet | None = global_process_set) -> int:
+    """Starts reducing `tensor` across all ranks in place; returns a handle for
+    poll() and synchronize() (which returns `tensor`). Arguments as allreduce()."""
     op = resolve_op(op, average)
     within = scope(process_set, "allreduce")
     pending = start_grouped([tensor], op, name, prescale_factor, postscale_factor, within)
@@ -157,6 +159,8 @@ def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str
                     op: ReduceOp | None = None, prescale_factor: float = 1.0,
                     postscale_factor: float = 1.0,
                     process_set: ProcessSet | None = global_process_set) -> int:
+    """Starts reducing a copy of `tensor` (left unchanged) across all ranks; returns a
+    handle whose synchronize() returns the reduced copy. Arguments as allreduce()."""
     return allreduce_async_(tensor.detach().clone(), average, name, op, prescale_factor,
                             postscale_factor, process_set)
 

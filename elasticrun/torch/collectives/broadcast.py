@@ -59,11 +59,14 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = No
 
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                     process_set: ProcessSet | None = global_process_set) -> int:
+    """Starts broadcasting root_rank's `tensor` into a copy (`tensor` is left
+    unchanged); returns a handle whose synchronize() returns the copy."""
     return broadcast_async_(tensor.detach().clone(), root_rank, name, process_set)
 
 
 def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                process_set: ProcessSet | None = global_process_set) -> torch.Tensor:
+    """Overwrites `tensor` with root_rank's, in place, and returns it."""
     return handles.synchronize(broadcast_async_(tensor, root_rank, name, process_set))
 
 

@@ -48,6 +48,7 @@ class ProcessSet:
         self._round = -1
 
     def size(self) -> int | None:
+        """The number of ranks in the set (None while the set is not initialised)."""
         if self.process_set_id is None:
             return None
         return runtime.current().slot.size if self.process_set_id == 0 else len(self._members)
@@ -62,6 +63,7 @@ class ProcessSet:
         return self._members.index(rank) if rank in self._members else None
 
     def included(self) -> bool | None:
+        """Whether this rank is in the set."""
         if self.process_set_id == 0:
             return True
         return None if self.ranks is None else runtime.current().slot.rank in self.ranks

@@ -11,6 +11,9 @@ import torch.distributed as dist
 
 
 class ReduceOp(enum.Enum):
+    """How the allreduce family combines the ranks' tensors; use the module's names
+    Average, Sum, Adasum, Min, Max and Product for its members."""
+
     AVERAGE = "average"
     SUM = "sum"
     ADASUM = "adasum"

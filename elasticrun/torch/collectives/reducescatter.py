@@ -99,6 +99,10 @@ def reducescatter(tensor: torch.Tensor, name: str | None = None,
                   compression: type[Compressor] = Compression.none, op: ReduceOp = Average,
                   process_set: ProcessSet | None = global_process_set,
                   prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> torch.Tensor:
+    """Reduces `tensor` across all ranks (op Average or Sum) and returns this rank's
+    share of the result: a slice of its first dimension, the first ranks getting one row
+    more when it does not divide evenly. Differentiable; `compression` compresses the tensor
+    for the reduction."""
     check(process_set, "reducescatter")
     compressed, context = compression.compress(tensor)
     reduced = _Reducescatter.apply(compressed, name, op, prescale_factor, postscale_factor,
@@ -112,6 +116,7 @@ def grouped_reducescatter(tensors: list[torch.Tensor], name: str | None = None,
                           process_set: ProcessSet | None = global_process_set,
                           prescale_factor: float = 1.0, postscale_factor: float = 1.0
                           ) -> list[torch.Tensor]:
+    """reducescatter() of each of `tensors`; returns this rank's shares, in order."""
     return [reducescatter(t, name, compression, op, process_set, prescale_factor,
                           postscale_factor) for t in tensors]
 
@@ -121,6 +126,8 @@ def grouped_reducescatter_async(tensors: list[torch.Tensor], name: str | None = 
                                 process_set: ProcessSet | None = global_process_set,
                                 prescale_factor: float = 1.0, postscale_factor: float = 1.0
                                 ) -> int:
+    """Starts a reducescatter of each of `tensors`; returns one handle whose
+    synchronize() returns this rank's shares, in order."""
     started = [reducescatter_async(t, name, op, process_set, prescale_factor, postscale_factor)
                for t in tensors]
     return handles.register(handles.Pending(

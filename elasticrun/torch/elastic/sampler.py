@@ -30,6 +30,12 @@ from elasticrun.torch.world import place, runtime
 
 
 class ElasticSampler(Sampler[int]):
+    """A sampler that gives each sample of `dataset` once per epoch, however the world
+    changes: the samples not yet processed are repartitioned over the ranks at every
+    reset. Keep it in the TorchState (`TorchState(..., sampler=sampler)`) and call
+    record_batch() after each batch, so that a rollback resumes where the commit was.
+    Shuffled with `seed` + epoch when `shuffle`; its state is Horovod's ElasticSampler's."""
+
     def __init__(self, dataset: Sized, shuffle: bool = True, seed: int = 0) -> None:
         self.dataset = dataset
         self.shuffle = shuffle
@@ -63,6 +69,7 @@ class ElasticSampler(Sampler[int]):
             self.processed_indices.update(shard[start:end])
 
     def record_indices(self, indices: list[int] | set[int]) -> None:
+        """Marks these dataset indices processed (for samples processed out of batch order)."""
         self.processed_indices.update(indices)
 
     def get_indices(self, batch_idx: int, batch_size: int) -> list[int]:
@@ -71,6 +78,7 @@ class ElasticSampler(Sampler[int]):
 
     @property
     def remaining(self) -> int:
+        """How many samples of this epoch are not processed yet."""
         return len(self.dataset) - len(self.processed_indices)
 
     def reset(self) -> None:
@@ -100,6 +108,8 @@ class ElasticSampler(Sampler[int]):
         return len(self._shards[self.rank])
 
     def state_dict(self) -> dict[str, Any]:
+        """The sampler's progress (epoch, seed and the processed samples), for
+        load_state_dict()."""
         return {"epoch": self.epoch, "processed_num": self.processed_num, "seed": self.seed,
                 "processed_indices": sorted(self.processed_indices)}
 

@@ -74,6 +74,8 @@ class TorchState(State):
                 setattr(self, name, value)
 
     def save(self) -> None:
+        """Copies the model's and the optimizer's state and the other attributes into
+        memory (GPU tensors where `commit_to` says)."""
         self._placement.settle()  # the last commit's copies complete before they are reused
         saved: dict[str, Any] = {}
         if self.model is not None:
@@ -90,6 +92,8 @@ class TorchState(State):
             self._generation += 1
 
     def restore(self) -> None:
+        """Loads the last saved copies into the model, the optimizer and the other
+        attributes."""
         # Loading must copy: an optimizer keeps the tensors it is given and updates them
         # in place, which would silently change the commit.
         self._placement.settle()

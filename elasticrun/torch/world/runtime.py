@@ -289,6 +289,7 @@ def current() -> Runtime:
 
 
 def is_initialized() -> bool:
+    """Whether init() has run in this process (and shutdown() has not since)."""
     return _runtime is not None
 
 
