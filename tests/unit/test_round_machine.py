@@ -193,7 +193,7 @@ def test_a_member_that_never_calls_init_is_failed_at_the_init_timeout() -> None:
     assert not of(ev.RecordFailure, sim.advance(599.0))  # --start-timeout (30 s) is moot
     failure = of(ev.RecordFailure, sim.advance(1.0))
     assert failure and failure[0].kind == "check_in_timeout" and failure[0].host == "b"
-    assert "did not call er.init() round 1 within 600s of its round's first join " \
+    assert "did not call er.init() for round 1 within 600s of its round's first join " \
            "(--init-timeout)" in failure[0].cause
 
 

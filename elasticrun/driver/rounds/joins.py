@@ -170,7 +170,7 @@ def _fail_missing(step: Step, number: int, survivors: bool, within: str) -> None
         if survivors != (worker.joined_round > 0):
             continue  # the other bound applies to it
         rank = current.assignment[slot].rank
-        did = "did not join" if survivors else "did not call er.init()"
+        did = "did not join" if survivors else "did not call er.init() for"
         cause = f"rank {rank} on host {slot.host} {did} round {number} within {within}"
         step.record_failure(worker, cause, "check_in_timeout", rank=rank)
         step.fail_host(slot.host, cause)
