@@ -56,9 +56,10 @@ from elasticrun.process_setup import setup_logging
               help="Executable printing the current hosts, one 'host:slots' per line.")
 @click.option("--discovery", "discovery", metavar="NAME[:ARG]",
               help="Discovery plugin: script:PATH, static:HOSTS, hostfile:PATH, webhook[:HOSTS], "
-                   "an installed plugin's NAME[:ARG], or module.path:factory[:ARG].")
+                   "slurm[:SLOTS], agents, an installed plugin's NAME[:ARG], or "
+                   "module.path:factory[:ARG].")
 @click.option("--launcher", "launcher", metavar="NAME[:ARG]", default="auto",
-              show_default=True, envvar="ELASTICRUN_LAUNCHER",
+              show_default=True, envvar="ELASTICRUN_LAUNCHER", show_envvar=True,
               help="How workers start: auto (local for this machine's names, SSH for the "
                    "rest), local, ssh, slurm (srun, inside an allocation), agent (through "
                    "`elasticrun agent` processes that connect to this driver), an installed "
@@ -70,12 +71,14 @@ from elasticrun.process_setup import setup_logging
 @click.option("--discovery-interval", type=float, default=1.0, show_default=True,
               callback=positive, help="Seconds between discovery polls.")
 @click.option("--discovery-timeout", type=float, default=10.0, show_default=True,
-              callback=positive, help="Seconds a discovery script may run before it is killed.")
+              callback=positive, help="Seconds a discovery script may run before it is killed (a "
+              "plugin's call is cut 5 s later).")
 @click.option("--slots-per-host", type=click.IntRange(min=1),
               help="Slots of a host listed without a count [default: 1].")
 @click.option("--start-timeout", type=float, default=30.0, show_default=True, callback=positive,
-              help="Seconds to wait for -np slots at start, and for all workers of a round "
-                   "to check in.")
+              help="Seconds to wait for -np slots at start; with --collective-timeout, it "
+                   "also bounds a round no member joins (a worker's first er.init() has "
+                   "--init-timeout).")
 @click.option("--elastic-timeout", type=float, default=600.0, show_default=True,
               callback=positive, help="Seconds to wait for --min-np slots after a failure.")
 @click.option("--reset-limit", type=click.IntRange(min=0),

@@ -58,7 +58,8 @@ DRIVER_GRACE = click.option(
          "stop. (--driver-timeout: the same, its older name.)")
 NETWORK_INTERFACE = click.option(
     "--network-interface", metavar="IFACE",
-    help="Network interface for Gloo traffic between workers (GLOO_SOCKET_IFNAME).")
+    help="Network interface for Gloo traffic between workers (GLOO_SOCKET_IFNAME); its "
+         "address is also the driver's address given to remote hosts.")
 OUTPUT_FILENAME = click.option(
     "--output-filename", type=click.Path(path_type=Path), metavar="DIR",
     help="Also append each rank's output to DIR/rank.N/stdout and .../stderr.")

@@ -49,6 +49,9 @@ log = logging.getLogger("elasticrun.driver")
 SIGNALS = {signal.SIGINT: 130, signal.SIGTERM: 143}  # exit codes as a shell reports them
 TASKS_STOP_S = 5.0  # how long the driver's own tasks get to stop once cancelled
 RESUME_PORT_WAIT_S = 10.0  # the old driver's port may be freed a moment after its death
+# a discovery call's bound beyond --discovery-timeout: a script's own timeout (which kills
+# it and says so) comes first; a plugin that hangs fails the poll
+DISCOVERY_SLACK_S = 5.0
 
 
 class Driver:
@@ -75,7 +78,8 @@ class Driver:
         self._launcher = parts.launcher
         self._extra_env = dict(extra_env or {})
         self._watcher = HostWatcher(parts.discovery, config.discovery_interval,
-                                    self._telemetry.discovery_polled)
+                                    self._telemetry.discovery_polled,
+                                    config.discovery_timeout + DISCOVERY_SLACK_S)
         self._agents = parts.agents
         if self._agents is not None:
             self._agents.job_id = self.job_id

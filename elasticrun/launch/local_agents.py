@@ -6,6 +6,7 @@ authenticate with a token of the job's own, kept beside the journal (0600).
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
 from pathlib import Path
 
@@ -51,7 +52,8 @@ class LocalAgents(JobAgents):
             return  # still connecting
         name = file_safe(spec.host)
         command = self.agent_command(f"http://127.0.0.1:{self.port}", spec.host)
-        with open(self._logs / f"agent-{name}.log", "ab") as log:
+        path = self._logs / f"agent-{name}.log"  # private, as every file of the state dir
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
             self._started[spec.host] = await spawn_session(
                 [*command, "--token-file", str(self._token_file)],
                 stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log)

@@ -45,7 +45,9 @@ def test_the_journal_holds_the_job_as_it_ended(tmp_path: Path) -> None:
     assert stat.S_IMODE((state_dir / "journal.json").stat().st_mode) == 0o600
     token = secret.read_text()
     assert len(token) >= 32
-    for path in state_dir.iterdir():
+    assert {path.name for path in state_dir.glob("agent-*.log")}, "no agent log to check"
+    for path in state_dir.iterdir():  # the journal, the secret, the command, the agents' logs
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path.name
         if path != secret:
             assert token not in path.read_text()
     assert token not in result.stdout + result.stderr

@@ -96,7 +96,7 @@ async def test_the_discovery_watcher_stops_whenever_it_is_cancelled(tmp_path: Pa
     # loaded machine starts the script slowly): the cancellations land among completed polls
     while cancelled < 100 or polls <= 50:
         assert cancelled < 1000, f"only {polls} polls completed in {cancelled} rounds"
-        watcher = HostWatcher(ScriptDiscovery(script, 1, 5.0), 0.0, lambda s, f: None)
+        watcher = HostWatcher(ScriptDiscovery(script, 1, 5.0), 0.0, lambda s, f: None, 10.0)
         task = asyncio.ensure_future(watcher.run(found))
         await asyncio.sleep(rng.uniform(0.0, 0.05))
         task.cancel()

@@ -2,7 +2,8 @@
 
 A webhook push wakes the watcher, so a pushed change takes effect immediately instead of at
 the next poll. Every answer goes to the driver as it is; the round machine decides what it
-means.
+means. Every call is bounded: a discovery plugin that hangs, or fails with an error of its
+own, fails that poll (a script's own timeout, --discovery-timeout, comes first).
 """
 
 from __future__ import annotations
@@ -27,10 +28,12 @@ class PushRefused(Exception):
 
 class HostWatcher:
     def __init__(self, discovery: HostDiscovery, interval: float,
-                 polled: Callable[[float, bool], None]) -> None:
-        """`polled(seconds, failed)` hears how every discovery call went."""
+                 polled: Callable[[float, bool], None], answer_within: float) -> None:
+        """`polled(seconds, failed)` hears how every discovery call went; a call that takes
+        longer than `answer_within` seconds fails."""
         self._discovery = discovery
         self._interval = interval
+        self._answer_within = answer_within
         self._polled = polled
         self._woken = asyncio.Event()
         self._poll_due = False
@@ -43,7 +46,7 @@ class HostWatcher:
         """The first discovery call; its failure is the job's (one line, before anything runs)."""
         started = time.monotonic()
         try:
-            hosts = await self._discovery.find_hosts()
+            hosts = await self._ask()
         except DiscoveryError:
             self._polled(time.monotonic() - started, True)
             raise
@@ -54,7 +57,7 @@ class HostWatcher:
         """Asks discovery; a failure or hang keeps the last good host list (logged once)."""
         started = time.monotonic()
         try:
-            hosts = await self._discovery.find_hosts()
+            hosts = await self._ask()
         except DiscoveryError as exc:
             self._polled(time.monotonic() - started, True)
             if str(exc) != self.last_error:
@@ -66,6 +69,17 @@ class HostWatcher:
             log.info("%s answers again", self._discovery.describe())
             self.last_error = None
         return hosts
+
+    async def _ask(self) -> HostSlots:
+        try:
+            return await within(self._discovery.find_hosts(), self._answer_within)
+        except DiscoveryError:
+            raise
+        except TimeoutError:
+            raise DiscoveryError(f"{self.describe()} did not answer within "
+                                 f"{self._answer_within:g}s") from None
+        except Exception as exc:  # a plugin's own bug: that poll fails, the job goes on
+            raise DiscoveryError(f"{self.describe()} failed: {exc!r}") from None
 
     def wake(self, poll: bool) -> None:
         """Ends the current wait early; with `poll`, discovery is asked again first."""
