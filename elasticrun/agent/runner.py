@@ -30,6 +30,7 @@ from elasticrun import protocol
 from elasticrun.agent.outbox import Outbox
 from elasticrun.agent.workers import AgentWorkers
 from elasticrun.launch import agent_wire as wire
+from elasticrun.loop_signals import handling
 from elasticrun.timed import within
 
 log = logging.getLogger("elasticrun.agent")
@@ -80,9 +81,11 @@ class Agent:
 
     # --- the whole life -----------------------------------------------------------------------
     async def run(self) -> int:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._signalled, sig)
+        signals = {sig: (self._signalled, (sig,)) for sig in (signal.SIGTERM, signal.SIGINT)}
+        with handling(asyncio.get_running_loop(), signals):
+            return await self._live()
+
+    async def _live(self) -> int:
         try:
             async with aiohttp.ClientSession() as session:
                 life = asyncio.ensure_future(self._connect_loop(session))
@@ -108,8 +111,6 @@ class Agent:
             return 1
         finally:
             self._set_ready(False)
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(sig)
 
     def _set_ready(self, ready: bool) -> None:
         path = self.settings.ready_file

@@ -8,6 +8,7 @@ timers) and actions into effects (spawns, stops, server answers, telemetry, the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
@@ -43,6 +44,7 @@ from elasticrun.driver.server.listen import (
 from elasticrun.driver.workforce import Workforce
 from elasticrun.errors import ConfigError, ElasticrunError, JobFailedError
 from elasticrun.job_config import JobParts
+from elasticrun.loop_signals import handling
 
 log = logging.getLogger("elasticrun.driver")
 
@@ -107,8 +109,9 @@ class Driver:
         """Runs the job to its end. Returns the exit code; raises ElasticrunError on failure."""
         loop = asyncio.get_running_loop()
         self._finished: asyncio.Future[int] = loop.create_future()
-        for sig, signal_code in SIGNALS.items():
-            loop.add_signal_handler(sig, self.post, ev.Interrupted(sig.name, signal_code))
+        signals = contextlib.ExitStack()  # given back before the shutdown, as it is waited
+        signals.enter_context(handling(loop, {
+            sig: (self.post, (ev.Interrupted(sig.name, code),)) for sig, code in SIGNALS.items()}))
         code = 1
         error: str | None = "internal error"
         self._exit_code = 1
@@ -122,8 +125,7 @@ class Driver:
             error = str(exc)
             raise
         finally:
-            for sig in SIGNALS:
-                loop.remove_signal_handler(sig)
+            signals.close()
             self._telemetry.job_ended(code, error, self.machine.state.round_number)
             self._end_reason = error or ""
             await self._shutdown()

@@ -113,6 +113,7 @@ def test_the_root_cause_is_what_record_wrote(tmp_path: Path) -> None:
         "@record\ndef main():\n"
         "    dist.init_process_group('gloo')\n"
         "    print('error file', os.environ['TORCHELASTIC_ERROR_FILE'], flush=True)\n"
+        "    dist.barrier()  # both have printed\n"
         "    if dist.get_rank() == 1:\n"
         "        raise RuntimeError('bad batch 7')\n"
         "    dist.barrier()\n\n"

@@ -247,3 +247,30 @@ def test_a_worker_lost_with_its_host_restarts_the_round_without_counting() -> No
     actions = gone(sim, actions)
     assert [sorted(s.host for s in o.assignment) for o in of(ev.OpenRound, actions)] == [
         ["a", "a"]]
+
+
+def _kill_after_a_peer_reported(sim: Sim, code: int, after: float) -> list[ev.Action]:
+    """A peer's collective fails and it reports its error first; the rank whose death broke
+    it is reported `after` seconds later, killed by `code` (as from another node, through
+    its agent)."""
+    peer, victim = sim.worker_on("a"), sim.worker_on("b", 1)
+    actions = sim.send(ev.WorkerFailing(peer.id, "RuntimeError: Connection closed by peer"))
+    actions += sim.advance(after)
+    actions += sim.send(ev.WorkerExited(victim.id, code))
+    actions += sim.send(ev.WorkerExited(peer.id, 1))  # once it has printed its error
+    return actions + gone(sim, actions)
+
+
+def test_a_rank_killed_from_outside_is_the_cause_not_the_peer_that_reported_first() -> None:
+    sim = plain_sim(max_restarts=0)
+    fail = of(ev.Fail, _kill_after_a_peer_reported(sim, -9, 0.2))
+    assert fail and fail[0].message.startswith("rank 3 on host b was killed by SIGKILL; "), \
+        fail[0].message
+
+
+def test_a_rank_our_stop_ended_does_not_take_the_cause() -> None:
+    for code, after in ((-15, 0.2), (-9, 6.0)):  # our SIGTERM; our SIGKILL after the grace
+        sim = plain_sim(max_restarts=0)
+        fail = of(ev.Fail, _kill_after_a_peer_reported(sim, code, after))
+        assert fail and fail[0].message.startswith("rank 0 on host a failed: RuntimeError"), \
+            fail[0].message

@@ -1,4 +1,4 @@
-"""README's round-machine diagram stays true: its states are the machine's phases, and
+"""The docs' round-machine diagram stays true: its states are the machine's phases, and
 every timer the machine sets is named in the text beside it."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ from pathlib import Path
 from elasticrun.driver.rounds.events import TimerKind
 from elasticrun.driver.rounds.state import JobPhase
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "concepts" / "how-it-works.md"
 
 
 def _diagram() -> str:
-    text = README.read_text()
+    text = PAGE.read_text()
     match = re.search(r"```mermaid\nstateDiagram-v2\n(.*?)```", text, re.S)
-    assert match, "README has no mermaid state diagram"
+    assert match, f"{PAGE.name} has no mermaid state diagram"
     return match.group(1)
 
 
@@ -29,6 +29,6 @@ def test_the_diagram_states_are_the_job_phases() -> None:
     assert states == {phase.value for phase in JobPhase}
 
 
-def test_every_timer_is_named_in_the_readme() -> None:
-    text = README.read_text()
+def test_every_timer_is_named_beside_the_diagram() -> None:
+    text = PAGE.read_text()
     assert [kind.value for kind in TimerKind if f"`{kind.value}`" not in text] == []

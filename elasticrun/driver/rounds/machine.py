@@ -172,7 +172,7 @@ def _spawn_failed(step: Step, event: SpawnFailed) -> None:
     cause = f"{event.error} (on host {worker.slot.host})"
     step.record_failure(worker, cause, "spawn_error", rank=None)
     if restarts.applies(step.state, worker):
-        restarts.failed(step, cause)
+        restarts.failed(step, cause, "spawn_error")
     step.fail_host(worker.slot.host, event.error)
 
 
@@ -197,6 +197,8 @@ def _worker_exited(step: Step, event: WorkerExited) -> None:
     if worker.status in (WorkerStatus.RELEASED, WorkerStatus.STOPPING):
         step.log("debug", f"worker {worker.slot} ended after being stopped or released "
                           f"({describe_exit(code)})")
+        if worker.status is WorkerStatus.STOPPING:
+            restarts.died_while_stopping(step, worker, code)
         _finish_if_done(step)
         return
     if code == 0:
@@ -211,7 +213,7 @@ def _worker_exited(step: Step, event: WorkerExited) -> None:
         return
     cause = f"rank {worker.rank} on host {worker.slot.host} {describe_exit(code)}"
     step.record_failure(worker, cause, exit_kind(code), rank=worker.rank, exit_code=code)
-    _failed(step, worker, cause)
+    _failed(step, worker, cause, exit_kind(code))
 
 
 def _worker_failing(step: Step, event: WorkerFailing) -> None:
@@ -225,7 +227,7 @@ def _worker_failing(step: Step, event: WorkerFailing) -> None:
     _forget(step, worker.id)
     cause = f"rank {worker.rank} on host {worker.slot.host} failed: {event.failure}"
     step.record_failure(worker, cause, "exception", rank=worker.rank)
-    _failed(step, worker, cause)
+    _failed(step, worker, cause, "exception")
 
 
 def _hung(step: Step, verdicts: list[liveness.Verdict]) -> None:
@@ -242,14 +244,14 @@ def _hung(step: Step, verdicts: list[liveness.Verdict]) -> None:
         step.emit(StopWorkers((worker.id,), kill=True))
         cause = f"rank {worker.rank} on host {worker.slot.host} hung: {verdict.reason}"
         step.record_failure(worker, cause, "hang", rank=worker.rank)
-        _failed(step, worker, cause)
+        _failed(step, worker, cause, "hang")
         if verdict.unreachable:
             step.fail_host(worker.slot.host, cause)
 
 
-def _failed(step: Step, worker: WorkerRecord, cause: str) -> None:
+def _failed(step: Step, worker: WorkerRecord, cause: str, kind: str) -> None:
     if restarts.applies(step.state, worker):
-        restarts.failed(step, cause)
+        restarts.failed(step, cause, kind)
     elif step.state.phase is JobPhase.FINISHING:
         step.fail(f"{cause} after other workers had finished")
     else:

@@ -20,6 +20,7 @@ recovery (machine.py, cutting.py).
 from __future__ import annotations
 
 from elasticrun.driver.rounds.events import TimerKind
+from elasticrun.driver.rounds.exits import describe_exit, exit_kind, killed_from_outside
 from elasticrun.driver.rounds.state import JobPhase, JobState, Restart, WorkerRecord
 from elasticrun.driver.rounds.step import Step
 
@@ -40,14 +41,31 @@ def applies(state: JobState, worker: WorkerRecord) -> bool:
     return plain(state) and state.is_member(worker.id)
 
 
-def failed(step: Step, cause: str) -> None:
-    """A member of a plain round failed (`cause` names it): every member is stopped. Whether
-    it counts against --max-restarts is decided once they are gone (settle): when a node
-    dies, the others' collectives fail too, often before its loss is known."""
+def failed(step: Step, cause: str, kind: str) -> None:
+    """A member of a plain round failed (`cause` names it, `kind` its exits.exit_kind or
+    "exception", "hang", ...): every member is stopped. Whether it counts against
+    --max-restarts is decided once they are gone (settle): when a node dies, the others'
+    collectives fail too, often before its loss is known."""
     state = step.state
     if state.restart is None:
         step.log("info", f"{cause}; stopping every worker to restart them")
-        _begin(step, cause)
+        _begin(step, cause, kind)
+
+
+def died_while_stopping(step: Step, worker: WorkerRecord, code: int) -> None:
+    """A member being stopped for a restart died of its own before the stop could kill it
+    (SIGKILL within the grace period, a crash): that death, not a peer's error that only
+    reported first, is the restart's cause. (A peer's failing collective reports at once;
+    a killed rank's exit, from another node, comes through its agent.)"""
+    restart = step.state.restart
+    if restart is None or restart.settled or restart.kind != "exception" \
+            or not killed_from_outside(code) \
+            or step.now >= restart.began + step.config.stop_grace_period:
+        return
+    cause = f"rank {worker.rank} on host {worker.slot.host} {describe_exit(code)}"
+    step.record_failure(worker, cause, exit_kind(code), rank=worker.rank, exit_code=code)
+    step.log("info", f"{cause}: the cause of this restart")
+    restart.cause, restart.kind = cause, exit_kind(code)
 
 
 def lost_with_host(step: Step, worker: WorkerRecord, code: int) -> None:
@@ -119,17 +137,17 @@ def stop_deadline(step: Step) -> None:
 def _uncounted(step: Step, why: str) -> None:
     step.log("info", f"{why}: restarting every worker (not counted against --max-restarts)")
     step.report("round_restarting", count=step.state.restarts, cause="")
-    _begin(step, "")
+    _begin(step, "", "")
 
 
-def _begin(step: Step, cause: str) -> None:
+def _begin(step: Step, cause: str, kind: str) -> None:
     state = step.state
     current = state.round
     assert current is not None
     state.phase = JobPhase.RECOVERING
     state.stall = None
     deadline = step.now + step.config.stop_grace_period + STOP_SLACK_S
-    state.restart = Restart(deadline, cause)
+    state.restart = Restart(deadline, cause, kind, began=step.now)
     step.timer(TimerKind.RESTART_STOPPED, deadline, round=current.number)
     step.report("round_broken")
     step.break_round(current.number)

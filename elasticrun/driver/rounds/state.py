@@ -151,6 +151,8 @@ class Restart:
 
     deadline: float
     cause: str = ""  # the failure that began it ("": the hosts changed, never counted)
+    kind: str = ""  # that failure's kind (exits.exit_kind, "exception", "hang", ...)
+    began: float = 0.0
     explained: bool = False  # a member was lost with its host meanwhile: a host change
     settled: bool = False  # counted (or not) already
 
