@@ -114,6 +114,7 @@ async def send_set_signed_at(server: Server, timestamp: str) -> Reply:
     headers = {
         protocol.HEADER_TIMESTAMP: timestamp,
         protocol.HEADER_NONCE: nonce,
+        protocol.HEADER_BODY_DIGEST: protocol.body_digest(body),
         protocol.HEADER_SIGNATURE: protocol.signature(
             SECRET, "POST", KV + "set", timestamp, nonce, body),
     }
@@ -231,6 +232,7 @@ async def test_timestamp_inside_window_is_accepted(server: Server) -> None:
     headers = {
         protocol.HEADER_TIMESTAMP: timestamp,
         protocol.HEADER_NONCE: nonce,
+        protocol.HEADER_BODY_DIGEST: protocol.body_digest(body),
         protocol.HEADER_SIGNATURE: protocol.signature(
             SECRET, "POST", KV + "set", timestamp, nonce, body),
     }
@@ -450,6 +452,8 @@ def _raw_signed_num_keys(
         b"Content-Length: " + str(len(body)).encode(),
         b"Connection: close",
         protocol.HEADER_TIMESTAMP.encode() + b": " + headers[protocol.HEADER_TIMESTAMP].encode(),
+        protocol.HEADER_BODY_DIGEST.encode() + b": "
+        + headers[protocol.HEADER_BODY_DIGEST].encode(),
         protocol.HEADER_NONCE.encode() + b": "
         + (nonce if nonce is not None else headers[protocol.HEADER_NONCE].encode()),
         protocol.HEADER_SIGNATURE.encode() + b": "

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from elasticrun.protocol import (
+    HEADER_BODY_DIGEST,
     HEADER_NONCE,
     HEADER_SIGNATURE,
     HEADER_TIMESTAMP,
@@ -41,7 +42,8 @@ def test_sign_headers_shape() -> None:
     before = time.time()
     headers = signed()
     after = time.time()
-    assert set(headers) == {HEADER_TIMESTAMP, HEADER_NONCE, HEADER_SIGNATURE}
+    assert set(headers) == {HEADER_TIMESTAMP, HEADER_NONCE, HEADER_SIGNATURE,
+                            HEADER_BODY_DIGEST}
     assert before - 1e-6 <= sent_at(headers) <= after + 1e-6
     assert len(headers[HEADER_SIGNATURE]) == 64
     int(headers[HEADER_SIGNATURE], 16)

@@ -18,8 +18,10 @@ from elasticrun import protocol
 from elasticrun.driver.operate.timeline import JobTimeline
 from elasticrun.driver.rounds import events as ev
 from elasticrun.driver.rounds.state import JobState
+from elasticrun.driver.server.connections import GuardedRunner
 from elasticrun.driver.server.gc_policy import pace_for_serving
 from elasticrun.driver.server.kv import KVEndpoints
+from elasticrun.driver.server.outsiders import Outsiders
 from elasticrun.driver.server.results_api import ResultEndpoints
 from elasticrun.driver.server.rounds_api import RoundEndpoints
 from elasticrun.driver.server.signing import RequestSigning
@@ -36,8 +38,12 @@ LISTEN_BACKLOG = 4096
 class WorkerServer:
     def __init__(self, secret: str, state: JobState, post: Callable[[ev.Event], None],
                  timeline: JobTimeline | None = None, epoch: int = 1,
-                 superseded: Callable[[int], None] | None = None) -> None:
-        self._signing = RequestSigning(secret, epoch, superseded)
+                 superseded: Callable[[int], None] | None = None,
+                 outsiders: Outsiders | None = None) -> None:
+        """`outsiders`: where requests refused for what outsiders sent are counted and
+        logged (the driver's; its own otherwise)."""
+        self._outsiders = outsiders if outsiders is not None else Outsiders()
+        self._signing = RequestSigning(secret, epoch, superseded, self._outsiders)
         self.rounds = RoundEndpoints(state, post)
         self.kv = KVEndpoints(state)
         self.timeline = TimelineEndpoint(timeline or JobTimeline())
@@ -89,8 +95,10 @@ class WorkerServer:
         app.router.add_post(protocol.PATH_KV_PREFIX + "{op}", self.kv.handle)
         added = app.router.add_routes(list(extra_routes))
         self._signing.open_resources = {route.resource for route in added}  # with their HEADs
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
-                                     shutdown_timeout=SHUTDOWN_TIMEOUT_S)
+        # Connections bounded in time and number (connections.py).
+        self._runner = GuardedRunner(app, access_log=None, handle_signals=False,
+                                     shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+                                     logger=self._outsiders.http_logger())
         await self._runner.setup()
         deadline = time.monotonic() + port_wait_s
         while True:
