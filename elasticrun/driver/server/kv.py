@@ -51,7 +51,7 @@ class KVEndpoints:
         body = request[PAYLOAD]
         if op not in protocol.KV_OPS:
             return p.error(404, f"unknown store operation {op[:40]!r}")
-        refused = self._gate(p.field(body, "worker", str), op, p.touched_keys(op, body))
+        refused = self._gate(p.string(body, "worker"), op, p.touched_keys(op, body))
         if refused is not None:
             return refused
         store = self.store
@@ -85,7 +85,7 @@ class KVEndpoints:
                 result = {"values": [p.b64(store.get(k) or b"") for k in keys] if found else None}
         elif op == "add":
             try:
-                result = {"value": store.add(p.key(body), p.field(body, "amount", int))}
+                result = {"value": store.add(p.key(body), p.amount(body))}
             except ValueError as exc:
                 raise p.BadRequest(str(exc)) from None
         elif op == "compare_set":

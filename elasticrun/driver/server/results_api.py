@@ -51,7 +51,7 @@ class ResultEndpoints:
 
     async def function(self, request: web.Request) -> web.Response:
         body = request[PAYLOAD]
-        refusal = self._refusal(p.field(body, "worker_id", str))
+        refusal = self._refusal(p.string(body, "worker_id"))
         if refusal is not None:
             return refusal
         assert self.payload is not None
@@ -61,12 +61,12 @@ class ResultEndpoints:
         """One part of a worker's result. A part sent again (its answer was lost and the
         client retried) is taken once; part 0 starts the result over."""
         body = request[PAYLOAD]
-        worker_id = p.field(body, "worker_id", str)
+        worker_id = p.string(body, "worker_id")
         refusal = self._refusal(worker_id)
         if refusal is not None:
             return refusal
-        round_number, rank = p.field(body, "round", int), p.field(body, "rank", int)
-        part, count = p.field(body, "part", int), p.field(body, "parts", int)
+        round_number, rank = p.integer(body, "round"), p.integer(body, "rank")
+        part, count = p.integer(body, "part"), p.integer(body, "parts")
         data = p.blob(body, "data")
         if not 0 < count <= MAX_PARTS or not 0 <= part < count:
             raise p.BadRequest(f"part {part} of {count} is out of range")

@@ -82,9 +82,8 @@ class RoundEndpoints:
     # --- endpoints ------------------------------------------------------------------------
     async def join(self, request: web.Request) -> web.Response:
         body = request[PAYLOAD]
-        event = JoinAsked(p.field(body, "worker_id", str), p.field(body, "last_round", int),
-                          p.optional(body, "failure", str, "")[:500],
-                          p.flag(body, "committed"))
+        event = JoinAsked(p.string(body, "worker_id"), p.integer(body, "last_round"),
+                          p.text(body, "failure", ""), p.flag(body, "committed"))
         if not self._known(event.worker):
             return p.error(403, "unknown worker")
         loop = asyncio.get_running_loop()
@@ -126,23 +125,23 @@ class RoundEndpoints:
 
     async def synced(self, request: web.Request) -> web.Response:
         body = request[PAYLOAD]
-        return self._report(WorkerSynced(p.field(body, "worker_id", str),
-                                         p.field(body, "round", int)))
+        return self._report(WorkerSynced(p.string(body, "worker_id"),
+                                         p.integer(body, "round")))
 
     async def failing(self, request: web.Request) -> web.Response:
         body = request[PAYLOAD]
-        return self._report(WorkerFailing(p.field(body, "worker_id", str),
-                                          p.field(body, "failure", str)[:500]))
+        return self._report(WorkerFailing(p.string(body, "worker_id"),
+                                          p.text(body, "failure")))
 
     async def init_called(self, request: web.Request) -> web.Response:
         body = request[PAYLOAD]
-        return self._report(InitCalled(p.field(body, "worker_id", str)))
+        return self._report(InitCalled(p.string(body, "worker_id")))
 
     async def stalled(self, request: web.Request) -> web.Response:
         body = request[PAYLOAD]
-        return self._report(WorkerStalled(p.field(body, "worker_id", str),
-                                          p.field(body, "round", int),
-                                          p.number(body, "waited_s", 0.0)))
+        return self._report(WorkerStalled(p.string(body, "worker_id"),
+                                          p.integer(body, "round"),
+                                          p.seconds(body, "waited_s")))
 
     def _report(self, event: WorkerSynced | WorkerFailing | WorkerStalled | InitCalled
                 ) -> web.Response:
@@ -155,9 +154,9 @@ class RoundEndpoints:
         """Long-polls until a notice newer than `after` exists, round `round` broke, or a
         probe of it newer than `probe_ack` began."""
         body = request[PAYLOAD]
-        after = p.field(body, "after", int)
-        watched = p.optional(body, "round", int, 0)
-        acked = p.optional(body, "probe_ack", int, 0)
+        after = p.integer(body, "after")
+        watched = p.integer(body, "round", default=0)
+        acked = p.integer(body, "probe_ack", default=0)
         deadline = time.monotonic() + p.poll_timeout(body)
         if acked:
             self._answered(body, watched, acked)
@@ -176,15 +175,15 @@ class RoundEndpoints:
         return stall.probe if stall is not None and stall.round == watched else 0
 
     def _answered(self, body: dict[str, object], watched: int, acked: int) -> None:
-        worker_id = p.field(body, "worker_id", str)
-        liveness = body.get("liveness")
-        if not isinstance(liveness, dict) or not self._known(worker_id):
+        worker_id = p.string(body, "worker_id")
+        liveness = p.obj(body, "liveness")
+        if liveness is None or not self._known(worker_id):
             return
-        cpu = liveness.get("cpu_s")
-        self._post(ProbeAnswered(
-            worker_id, watched, acked, p.flag(liveness, "in_collective"),
-            p.number(liveness, "since_s", 0.0),
-            None if cpu is None else p.number(liveness, "cpu_s", 0.0)))
+        # since_s: a difference of the worker's clock readings, from two threads (a torn
+        # read may make it a little negative; the machine counts it as 0).
+        since = p.number(liveness, "since_s", -p.MAX_SECONDS, p.MAX_SECONDS, 0.0)
+        self._post(ProbeAnswered(worker_id, watched, acked, p.flag(liveness, "in_collective"),
+                                 since, p.maybe_seconds(liveness, "cpu_s")))
 
     async def _changed(self, deadline: float) -> bool:
         """True when woken before `deadline` (time.monotonic()), else False. A future and a

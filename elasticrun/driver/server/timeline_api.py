@@ -27,11 +27,15 @@ class TimelineEndpoint:
 
     async def handle(self, request: web.Request) -> web.Response:
         body = request[PAYLOAD]
-        worker = p.field(body, "worker_id", str)[:200]
+        worker = p.string(body, "worker_id")[:200]
         log.debug("timeline request from worker %s", worker)
+        events = p.trace_events(body)
+        rank = p.integer(body, "rank", -1, p.MAX_COUNT, default=-1)
+        host = p.string(body, "host", default="")[:200]
+        dropped = p.integer(body, "dropped", default=0)
         if "open" in body:
-            path = p.field(body, "open", str)
-            if not path or len(path) > MAX_PATH or "\0" in path:
+            path = p.string(body, "open", MAX_PATH)
+            if not path or "\0" in path:
                 raise p.BadRequest("field 'open' must be a file path")
             try:
                 self.timeline.open(path)
@@ -39,13 +43,8 @@ class TimelineEndpoint:
                 return p.error(409, str(exc))
             except OSError as exc:
                 return p.error(400, f"cannot write the timeline {path}: {exc.strerror or exc}")
-        events = body.get("events", [])
-        if not isinstance(events, list):
-            raise p.BadRequest("field 'events' must be a list")
         try:
-            written = self.timeline.add(worker, p.optional(body, "rank", int, -1),
-                                        p.optional(body, "host", str, "")[:200], events,
-                                        p.optional(body, "dropped", int, 0))
+            written = self.timeline.add(worker, rank, host, events, dropped)
         except ValueError as exc:
             raise p.BadRequest(str(exc)) from None
         return web.json_response({"recording": self.timeline.recording, "written": written})
