@@ -89,13 +89,15 @@ class Driver:
             self._agents.on_drain = lambda host: self.post(ev.HostsDrained((host,)))
             self._agents.adopt = lambda host, worker, process: self._workers.adopt(
                 host, worker, process)
+            self._agents.outsiders = self._telemetry.outsiders
         self._operator = JobOperator(self.job_id, time.time(), config, self.machine.state,
                                      self._watcher, self._telemetry, self.post, self._epoch)
         self._routes = OperatorRoutes(self._operator, config.webhook_token,
-                                      config.slots_per_host or 1)
+                                      config.slots_per_host or 1, self._telemetry.outsiders)
         self._timeline = JobTimeline(config.timeline_filename, config.timeline_mark_cycles)
         self._server = WorkerServer(self._secret, self.machine.state, self.post,
-                                    self._timeline, self._epoch, self._superseded)
+                                    self._timeline, self._epoch, self._superseded,
+                                    self._telemetry.outsiders)
         self.results = self._server.results  # elasticrun.run: the function out, results in
         self._failures = FailureLog(self._telemetry)
         self._workers = Workforce(config, parts.launcher, output, self._server, self.machine,

@@ -26,6 +26,7 @@ from aiohttp import WSMsgType, web
 
 from elasticrun import protocol
 from elasticrun.discovery.base import HostSlots
+from elasticrun.driver.server.outsiders import Outsiders, agent_kind
 from elasticrun.launch import agent_wire as wire
 from elasticrun.launch.agent_process import AgentProcess
 from elasticrun.timed import within
@@ -68,6 +69,8 @@ class AgentHub:
         self._level = logging.DEBUG if own else logging.INFO
         self.job_id = ""  # the driver's, for the agents' logs
         self._guard = protocol.SignatureGuard(token)
+        # refused connections are counted and logged here: the driver gives its own
+        self.outsiders = Outsiders()
         self._links: dict[str, AgentLink] = {}
         self._closing = False
         self._joined = asyncio.Event()  # set (and replaced) whenever an agent joins
@@ -104,6 +107,7 @@ class AgentHub:
         """The job is over: every agent is told so (and why it failed, if it did), and gets
         a moment to hang up."""
         self._closing = True
+        self.outsiders.flush()
         links = list(self._links.values())
         end = wire.End(code, reason[:MAX_REASON])
         await asyncio.gather(*(link.send(end) for link in links))
@@ -118,11 +122,11 @@ class AgentHub:
 
     # --- one agent's connection ---------------------------------------------------------------
     async def _serve(self, request: web.Request) -> web.StreamResponse:
+        # The upgrade is a GET: a body an outsider sends with it is never read.
         reason = self._guard.check(request.method, request.path_qs, b"", request.headers,
                                    time.time())
         if reason is not None:
-            log.warning("refused an agent connection from %s: %s (is its --token-file the "
-                        "job's agent token?)", request.remote, reason)
+            self.outsiders.refused(agent_kind(reason), request.remote)
             return _refusal(401, f"agent token: {reason}")
         if self._closing:
             return _refusal(503, "the job is ending")

@@ -14,6 +14,8 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from elasticrun.driver.server.outsiders import refusal_counter
+
 # Rendezvous and recovery take milliseconds to seconds; a stuck host can take minutes.
 _SECONDS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 HOST_STATES = ("active", "starting", "leaving", "idle", "draining", "drained", "blacklisted")
@@ -55,6 +57,7 @@ class DriverMetrics:
         self.events_dropped = Gauge(
             "elasticrun_events_dropped", "Events that could not be delivered to a webhook.",
             registry=r)
+        self.refused_requests = refusal_counter(r)  # elasticrun_refused_requests_total{kind}
         started = time.time()
         Gauge("elasticrun_start_time_seconds", "Unix time the driver started.",
               registry=r).set(started)

@@ -24,6 +24,7 @@ from elasticrun.discovery.base import HostSlots
 from elasticrun.discovery.parsing import MAX_SLOTS_PER_HOST, parse_host_entry
 from elasticrun.driver.hosts.watcher import PushRefused
 from elasticrun.driver.operate.metrics import CONTENT_TYPE
+from elasticrun.driver.server.outsiders import Outsiders
 
 log = logging.getLogger("elasticrun.control")
 
@@ -47,10 +48,13 @@ class OperatorTarget(Protocol):
 
 
 class OperatorRoutes:
-    def __init__(self, target: OperatorTarget, token: str | None, default_slots: int) -> None:
+    def __init__(self, target: OperatorTarget, token: str | None, default_slots: int,
+                 outsiders: Outsiders | None = None) -> None:
+        """`outsiders`: where refused requests are counted and logged (the driver's)."""
         self._target = target
         self._token = token.encode() if token else None
         self._default_slots = default_slots
+        self.outsiders = outsiders if outsiders is not None else Outsiders()
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -77,7 +81,7 @@ class OperatorRoutes:
         return web.json_response(self._target.hosts_view(), dumps=_dumps)
 
     async def _push(self, request: web.Request) -> web.Response:
-        refused = self._refuse(request)
+        refused = self._refuse(request)  # first: an outsider's body is never read
         if refused is not None:
             return refused
         action = request.match_info.get("action", "set")
@@ -114,8 +118,7 @@ class OperatorRoutes:
         scheme, _, given = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(
                 given.strip().encode("utf-8", "replace"), self._token):
-            log.warning("host-change webhook: refused a request from %s without a valid "
-                        "token", request.remote)
+            self.outsiders.refused("wrong_webhook_token", request.remote)
             return web.json_response({"error": "missing or wrong bearer token"}, status=401,
                                      headers={"WWW-Authenticate": "Bearer"})
         return None

@@ -15,12 +15,15 @@ from elasticrun.driver.operate.metrics import DriverMetrics
 from elasticrun.driver.operate.sinks import EventBus, EventSink, JsonLinesSink
 from elasticrun.driver.operate.webhook_sink import WebhookSink
 from elasticrun.driver.rounds.assignment import Assignment
+from elasticrun.driver.server.outsiders import Outsiders
 
 
 class Telemetry:
     def __init__(self, job_id: str, sinks: Iterable[EventSink] = ()) -> None:
         self.job_id = job_id
         self.metrics = DriverMetrics()
+        # requests refused because of their sender: the server's parts count them here
+        self.outsiders = Outsiders(self.metrics.refused_requests)
         self._sinks = list(sinks)
         self._bus = EventBus(job_id, self._sinks)
         self._round_opened_at: dict[int, float] = {}
@@ -56,6 +59,7 @@ class Telemetry:
                        seconds=round(seconds, 3))
 
     async def close(self, timeout: float = 2.0) -> None:
+        self.outsiders.flush()  # what was held back since its last line
         await self._bus.close(timeout)
 
     # --- rounds ------------------------------------------------------------------------
