@@ -42,6 +42,8 @@ restart     a torchrun-style script (plain DDP with its own checkpoint at ~1M an
             parameters; a Hugging Face Trainer), 2 workers, one SIGKILLed: kill -> first
             step of the restarted job under elasticrun and torchrun (the same launch line),
             broken down into stop, spawn, imports, rendezvous, set-up, checkpoint load.
+hostile     what outsiders can make a running driver spend: its RSS and CPU idle, under 40
+            unsigned 4 MiB POSTs at a time, and with 1,000 half-header connections held.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ BENCHMARKS = {
     "torchft": "torchft_compare",
     "driver_restart": "driver_restart",
     "restart": "restart",
+    "hostile": "hostile",
 }
 
 

@@ -195,3 +195,14 @@ def test_restart() -> None:
     assert "error" in torchrun or torchrun["resume_s"] > 0  # a failed peer is a result too
     if "error" not in torchrun:
         assert case["summary"]["ratio"] == pytest.approx(torchrun["resume_s"] / ours["resume_s"])
+
+
+def test_hostile() -> None:
+    out, result = run_quick("hostile")
+    assert "hostile:" in out and "peak - idle" in out
+    [trial] = result["trials"]
+    assert trial["idle"]["rss_mib"] > 0 and trial["burst"]["peak_rss_mib"] > 0
+    codes = trial["burst"]["codes"]
+    assert codes and all(code.startswith("4") for code in codes), codes  # refused, never 5xx
+    assert trial["stalled"]["opened"] == result["stalled"]
+    assert trial["stalled"]["status_answered"]  # the stalled connections starve nobody
