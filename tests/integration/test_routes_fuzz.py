@@ -145,7 +145,8 @@ async def test_bad_timestamps(session: aiohttp.ClientSession, rv: RoundsServer) 
     await still_serves(session, rv)
 
 
-@pytest.mark.parametrize("epoch", ["9" * 5000, "²", "１２"], ids=["5000-digits", "superscript", "full-width"])
+@pytest.mark.parametrize("epoch", ["9" * 5000, "²", "１２"],
+                         ids=["5000-digits", "superscript", "full-width"])
 async def test_a_signed_epoch_header_that_is_no_number(
         session: aiohttp.ClientSession, rv: RoundsServer, epoch: str) -> None:
     path = protocol.PATH_KV_PREFIX + "num_keys"
