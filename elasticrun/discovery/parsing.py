@@ -7,6 +7,11 @@ Accepted forms, one host per line (or comma-separated for -H):
   [fe80::1]:4       IPv6 with slots; [fe80::1] or a bare fe80::1 take default slots
 Blank lines and `#` comments are ignored. A host listed twice keeps its first
 position and takes the slots of its last line.
+
+A host is an IP address or a name of RFC 1123 labels (letters, digits, hyphens; underscores
+too, as container names have them), at most 253 characters; an IPv6 scope id is an
+interface name (at most 15 characters of [A-Za-z0-9_.-], as Linux allows) or a number.
+Nothing else passes: no shell or control characters reach a log line or a command.
 """
 
 from __future__ import annotations
@@ -17,14 +22,18 @@ from collections.abc import Iterable
 
 from elasticrun.discovery.base import HostSlots
 from elasticrun.errors import DiscoveryError
+from elasticrun.printable import printable
 
-_NAME = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9._-]*[A-Za-z0-9_])?$")
+_LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
+_SCOPE = re.compile(r"[0-9]{1,10}|[A-Za-z0-9_.-]{1,15}")
 _SLOTS_KEYWORD = re.compile(r"^(?:max_)?slots=(\S+)$")
 MAX_SLOTS_PER_HOST = 4096
 
 
 def format_host(host: str) -> str:
-    """How a host is written next to a port or slot count: IPv6 addresses get brackets."""
+    """How a host is written next to a port or slot count, printably: IPv6 addresses get
+    brackets."""
+    host = printable(host)
     return f"[{host}]" if ":" in host else host
 
 
@@ -113,13 +122,18 @@ def _parse_slots(text: str) -> int:
 def _check_host(host: str) -> str:
     if not host:
         raise ValueError("empty host name")
-    if _NAME.fullmatch(host) and len(host) <= 253:
+    if len(host) <= 253 and all(_LABEL.fullmatch(label) for label in host.split(".")):
         return host
     raise ValueError("not a valid host name or address")
 
 
 def _check_ip6(address: str) -> str:
+    """A bare IPv6 address, normalized; a scope id (`fe80::1%eth0`) must be an interface
+    name or number (ipaddress takes any text after the `%`)."""
+    _, percent, scope = address.partition("%")
     try:
+        if percent and not _SCOPE.fullmatch(scope):
+            raise ValueError
         return str(ipaddress.IPv6Address(address))
     except ValueError:
         raise ValueError(f"not a valid IPv6 address: {_shorten(address)!r}") from None

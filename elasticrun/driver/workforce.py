@@ -19,7 +19,7 @@ from elasticrun.driver.processes.pool import PoolSettings, WorkerPool
 from elasticrun.driver.processes.records import EnvSettings, Placed
 from elasticrun.driver.rounds import events as ev
 from elasticrun.driver.rounds import resume
-from elasticrun.driver.rounds.assignment import hosts_in_rank_order
+from elasticrun.driver.rounds.assignment import Assignment, hosts_in_rank_order
 from elasticrun.driver.rounds.machine import RoundMachine
 from elasticrun.driver.server.app import WorkerServer
 from elasticrun.driver.server.listen import covered, dial_address
@@ -44,6 +44,7 @@ class Workforce:
         self.pool: WorkerPool | None = None
         self.stopping = False
         self._master: tuple[Any, tuple[str, int]] | None = None
+        self._round: tuple[Assignment, list[str], dict[str, int]] | None = None
 
     @property
     def placement(self) -> Placement:
@@ -77,14 +78,15 @@ class Workforce:
 
     async def spawn(self, action: ev.Spawn) -> None:
         assert self.pool is not None
+        hosts, places = self._round_hosts(action.assignment)
+        await self._placement.ready(action.slot.host, hosts)  # names looked up, bounded
         if self._master is None or self._master[0] is not action.assignment:
             # One MASTER_ADDR/PORT per round: torchrun-style scripts of a round must agree.
             self._master = (action.assignment,
                             self._placement.master_endpoint(action.assignment))
         master = self._master[1]
-        hosts = hosts_in_rank_order(action.assignment)
         placed = Placed(action.assignment[action.slot], action.round,
-                        hosts.index(action.slot.host), len(hosts), action.restarts)
+                        places[action.slot.host], len(hosts), action.restarts)
         try:
             await self.pool.spawn(action.worker, action.slot, placed, master)
         except SpawnError as exc:
@@ -94,6 +96,14 @@ class Workforce:
             self.pool.stop([action.worker])
         else:
             self._post(ev.WorkerStarted(action.worker))
+
+    def _round_hosts(self, assignment: Assignment) -> tuple[list[str], dict[str, int]]:
+        """The round's hosts in rank order and each one's place: once a round, not once a
+        worker (10,000 workers would make it 10,000 sorts of 10,000 hosts)."""
+        if self._round is None or self._round[0] is not assignment:
+            hosts = hosts_in_rank_order(assignment)
+            self._round = (assignment, hosts, {host: n for n, host in enumerate(hosts)})
+        return self._round[1], self._round[2]
 
     async def inspect(self, action: ev.InspectWorkers) -> None:
         assert self.pool is not None

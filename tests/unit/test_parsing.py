@@ -102,7 +102,7 @@ def test_parse_host_entry_rejects(entry: str, fragment: str) -> None:
 
 
 def test_parse_host_entry_longest_valid_name() -> None:
-    name = "a" * 253
+    name = ".".join(["a" * 63] * 3 + ["a" * 61])  # 253 characters, labels of at most 63
     assert parse_host_entry(name, 2) == (name, 2)
 
 
@@ -264,7 +264,8 @@ def test_hosts_flag_bad_entry_named(value: str) -> None:
 
 # --------------------------------------------------------------------------- properties
 
-_HOSTNAME = st.from_regex(r"\A[A-Za-z0-9_]([A-Za-z0-9._-]{0,20}[A-Za-z0-9_])?\Z")
+_LABEL = r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,8}[A-Za-z0-9_])?"
+_HOSTNAME = st.from_regex(rf"\A{_LABEL}(\.{_LABEL}){{0,2}}\Z")
 _IPV6 = st.ip_addresses(v=6).map(str)
 _HOST = st.one_of(_HOSTNAME, _IPV6)
 _SLOTS = st.integers(min_value=0, max_value=MAX_SLOTS_PER_HOST)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from elasticrun.driver.operate.telemetry import Telemetry
+from elasticrun.printable import printable
 
 
 class FailureLog:
@@ -25,11 +26,12 @@ class FailureLog:
 
     def suffix(self, message: str = "") -> str:
         """What the job's final error `message` adds: the first failure (unless the message
-        names it already) and the last lines of its stderr."""
+        names it already) and the last lines of its stderr, their control characters
+        escaped (a worker's output does not drive the operator's terminal)."""
         if self.first is None:
             return ""
-        lines = "\n".join(f"    {line}" for line in self._first_tail)
+        lines = "\n".join(f"    {printable(line)}" for line in self._first_tail)
         tail = f"; last lines of its stderr:\n{lines}" if self._first_tail else ""
         if self.first in message:
             return tail
-        return f"; first failure: {self.first}{tail}"
+        return f"; first failure: {printable(self.first)}{tail}"
