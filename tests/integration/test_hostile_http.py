@@ -273,3 +273,30 @@ async def test_the_servers_connections_are_guarded(server: RoundsServer) -> None
                    for c in runner.server.connections)
     finally:
         writer.close()
+
+
+@pytest.mark.parametrize("request_bytes", [
+    # Content-Length and chunked together (request smuggling)
+    b"POST /v1/rendezvous/join HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    # two Content-Lengths that disagree
+    b"POST /v1/rendezvous/join HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n"
+    b"Content-Length: 40\r\n\r\nabcd",
+    # a chunk size that is no number, and one beyond any body
+    b"POST /v1/rendezvous/join HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    b"zz\r\nabcd\r\n0\r\n\r\n",
+    b"POST /v1/rendezvous/join HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    b"ffffffffffffffffffff\r\n",
+    # a negative length, a bare LF line ending, an obsolete line folding
+    b"POST /v1/rendezvous/join HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
+    b"POST /v1/rendezvous/join HTTP/1.1\nHost: x\nContent-Length: 0\n\n",
+    b"GET /status HTTP/1.1\r\nHost: x\r\nX-A: a\r\n b\r\n\r\n",
+], ids=["cl-and-chunked", "two-lengths", "bad-chunk", "huge-chunk", "negative-length",
+        "bare-lf", "folded-header"])
+async def test_framing_tricks_get_a_4xx_and_the_server_goes_on(
+        server: RoundsServer, request_bytes: bytes) -> None:
+    status = await first_status(server.port, request_bytes)
+    code = status.split(b" ", 2)[1] if status.count(b" ") >= 2 else b""
+    assert status == b"" or code.startswith(b"4"), status  # refused, or the connection cut
+    after = await first_status(server.port, b"GET /status HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert after.startswith(b"HTTP/1.1 4"), after  # it still answers (this one unsigned)
