@@ -154,15 +154,26 @@ class Jobs:
                 proc.wait(15)
             except subprocess.TimeoutExpired:
                 pass
-        for pid in tagged_pids(self.tag):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_tagged(self.tag)
         for proc in self.procs:
             proc.wait()
         for log in self.logs:
             log.close()
+
+
+def kill_tagged(tag: str) -> None:
+    """SIGKILLs every process that carries the benchmark tag `tag` in its environment."""
+    for pid in tagged_pids(tag):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def cpu_s(pid: int) -> float:
+    """A process's user + system CPU seconds so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def tagged_pids(tag: str) -> list[int]:

@@ -31,7 +31,15 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from benchlib import PYTHON, bench_env, free_port, print_table, read_events, summarize
+from benchlib import (
+    PYTHON,
+    bench_env,
+    cpu_s,
+    free_port,
+    print_table,
+    read_events,
+    summarize,
+)
 from rendezvous_clients import SLOTS_PER_HOST, Connection, pace_collector, raise_fd_limit
 
 from elasticrun import protocol
@@ -148,12 +156,6 @@ async def _until(what: str, check: Callable[[], bool], driver: subprocess.Popen[
         await asyncio.sleep(0.01)
 
 
-def _cpu_s(pid: int) -> float:
-    """A process's user + system CPU seconds so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _round_complete(state: Path) -> bool:
     try:
         kept = json.loads((state / "journal.json").read_text())["body"]["state"]["round"]
@@ -194,9 +196,9 @@ async def trial(workers: int, away_s: float, tmp: Path) -> dict[str, float]:
             second = start("--resume")
             # The driver's CPU from its serving to its re-adoption, sampled as each is seen.
             await _until("serving", lambda: len(events("job_started")) == 2, second)
-            cpu = _cpu_s(second.pid)
+            cpu = cpu_s(second.pid)
             await _until("driver_resumed event", lambda: bool(events("driver_resumed")), second)
-            cpu = _cpu_s(second.pid) - cpu
+            cpu = cpu_s(second.pid) - cpu
             await asyncio.sleep(1.0)  # nothing fails after it
             await asyncio.gather(*(agent.exit_all() for agent in agents))
             code = await asyncio.get_running_loop().run_in_executor(None, second.wait, 60)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from benchlib import Jobs, bench_env, elasticrun_command, print_table, summarize
+from benchlib import Jobs, bench_env, cpu_s, elasticrun_command, print_table, summarize
 
 from elasticrun import protocol
 
@@ -42,11 +42,6 @@ def _rss_mib(pid: int) -> float:
     raise RuntimeError(f"no VmRSS for {pid}")
 
 
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
@@ -60,14 +55,14 @@ class Sampler:
 
     async def over(self, seconds: float, work: asyncio.Future[Any] | None = None
                    ) -> dict[str, float]:
-        cpu, started = _cpu_s(self.pid), time.monotonic()
+        cpu, started = cpu_s(self.pid), time.monotonic()
         self.peak = _rss_mib(self.pid)
         while time.monotonic() - started < seconds:
             self.peak = max(self.peak, _rss_mib(self.pid))
             await asyncio.sleep(0.05)
         spent = time.monotonic() - started
         return {"rss_mib": _rss_mib(self.pid), "peak_rss_mib": self.peak,
-                "cpu_share": (_cpu_s(self.pid) - cpu) / spent, "fds": _open_fds(self.pid)}
+                "cpu_share": (cpu_s(self.pid) - cpu) / spent, "fds": _open_fds(self.pid)}
 
 
 async def _burst(url: str, stop: asyncio.Event) -> dict[str, int]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import threading
 import time
@@ -14,7 +13,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from benchlib import TAG_VAR, tagged_pids
+from benchlib import TAG_VAR, kill_tagged, tagged_pids
 
 TEMPLATE = "elasticrun.worker.template"  # in the cmdline of the template and its forks
 TORCHRUN = "torch.distributed.run"
@@ -83,11 +82,7 @@ class Job:
                 self.proc.wait(15)
             except subprocess.TimeoutExpired:
                 pass
-        for pid in tagged_pids(self.tag):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_tagged(self.tag)
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait(15)
