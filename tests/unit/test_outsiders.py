@@ -132,7 +132,7 @@ def test_addresses_are_bounded_and_printed_safely(clock: Clock,
         clock.now += 61
         outsiders.refused("unsigned", None)
     first, second = lines(caplog)
-    assert "\x1b" not in first and "'\\x1b[2J" in first and len(first) < 400
+    assert "\x1b" not in first and "\\x1b[2J" in first and len(first) < 400
     assert f"refused {MAX_ADDRESSES * 3 + 1} requests from " in second
     assert f"and more than {MAX_ADDRESSES - 1} other addresses" in second
 

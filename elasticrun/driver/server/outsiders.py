@@ -21,6 +21,8 @@ from typing import Any
 from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CollectorRegistry, Counter
 
+from elasticrun.printable import printable
+
 log = logging.getLogger("elasticrun.refused")
 
 EVERY_S = 60.0
@@ -102,7 +104,7 @@ class Outsiders:
         now = self._clock()
         held = self._held.setdefault(kind, _Held(since=now))
         held.count += 1
-        address = _printable(remote or "?")
+        address = printable((remote or "?")[:64])
         if len(held.addresses) < MAX_ADDRESSES:
             held.addresses.add(address)
         elif address not in held.addresses:
@@ -215,11 +217,6 @@ def _from(held: _Held) -> str:
     if others > 0:
         return f"{first} and {others} other address{'' if others == 1 else 'es'}"
     return first
-
-
-def _printable(text: str) -> str:
-    text = text[:64]
-    return text if text.isprintable() else repr(text)
 
 
 def _call_later(delay: float, callback: Callable[[str], None], kind: str
