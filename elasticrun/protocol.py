@@ -58,6 +58,13 @@ DEFAULT_DRIVER_TIMEOUT_S = 300.0  # --driver-grace
 ENV_WEBHOOK_TOKEN = "ELASTICRUN_WEBHOOK_TOKEN"
 ENV_EVENT_SECRET = "ELASTICRUN_EVENT_SECRET"
 ENV_AGENT_TOKEN = "ELASTICRUN_AGENT_TOKEN"  # authenticates `elasticrun agent`s to the driver
+# Where commits are kept (torch/elastic/keeper.py): the host snapshot directory ("": none),
+# --checkpoint-dir ("": none) and --checkpoint-interval; "1" in ENV_RESTORE: the worker was
+# started to replace workers that were all lost, so its round must restore a kept commit.
+ENV_SNAPSHOT_DIR = "ELASTICRUN_SNAPSHOT_DIR"
+ENV_CHECKPOINT_DIR = "ELASTICRUN_CHECKPOINT_DIR"
+ENV_CHECKPOINT_INTERVAL = "ELASTICRUN_CHECKPOINT_INTERVAL"
+ENV_RESTORE = "ELASTICRUN_RESTORE"
 # "0": local workers are exec'd, never forked from a worker template (launch/forked.py).
 ENV_WORKER_TEMPLATE = "ELASTICRUN_WORKER_TEMPLATE"
 

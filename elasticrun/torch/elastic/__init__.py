@@ -13,6 +13,8 @@ from elasticrun.torch import functions
 from elasticrun.torch.collectives import host_vote
 from elasticrun.torch.collectives.negotiation import negotiate
 from elasticrun.torch.collectives.requests import Kind, Request
+from elasticrun.torch.elastic.commit_files import CheckpointMismatchError, load_checkpoint
+from elasticrun.torch.elastic.restoring import SnapshotMissingError
 from elasticrun.torch.elastic.sampler import ElasticSampler
 from elasticrun.torch.elastic.state import TorchState
 from elasticrun.torch.world import place, plane, runtime
@@ -91,6 +93,7 @@ def run(func: Callable[..., R]) -> Callable[..., R]:
 
 
 __all__ = [
-    "ElasticSampler", "HostsUpdatedInterrupt", "ObjectState", "State", "TorchBackend",
-    "TorchState", "WorkersFailedError", "run",
+    "CheckpointMismatchError", "ElasticSampler", "HostsUpdatedInterrupt", "ObjectState",
+    "SnapshotMissingError", "State", "TorchBackend", "TorchState", "WorkersFailedError",
+    "load_checkpoint", "run",
 ]

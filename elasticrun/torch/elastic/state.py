@@ -8,23 +8,38 @@ LR schedulers) are committed through those; anything else by deep copy.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 from typing import Any
 
 import torch
 
 from elasticrun.torch import functions
+from elasticrun.torch.elastic import restoring
+from elasticrun.torch.elastic.commit_files import WHOLE
+from elasticrun.torch.elastic.keeper import CommitKeeper, KeepingSettings
 from elasticrun.torch.elastic.snapshot import (
     Placement,
     fingerprint,
     snapshot,
     snapshot_tensors,
 )
-from elasticrun.torch.world import groups
+from elasticrun.torch.world import groups, place, runtime
 from elasticrun.worker.elastic import Backend, ObjectState, State
 
 __all__ = ["ObjectState", "TorchState"]  # Horovod's horovod.torch.elastic.state
 
 _RESERVED = {"model", "optimizer"}
+
+
+def keeper_for(settings: KeepingSettings) -> CommitKeeper | None:
+    """A writer for one state's commits, or None when nothing is kept. The last commit is
+    kept when the process ends normally (bounded)."""
+    if not settings.keeps:
+        return None
+    keeper = CommitKeeper(settings)
+    atexit.register(keeper.flush, 30.0)
+    return keeper
 
 
 def _stateful(value: Any) -> bool:
@@ -53,6 +68,10 @@ class TorchState(State):
         for name, value in objects.items():
             setattr(self, name, value)
         self._saved: dict[str, Any] = {}
+        # The job's count of commits (kept in snapshots and synced from the root).
+        self._commit_number = 0
+        self._settings = KeepingSettings.from_env()
+        self._keeper = keeper_for(self._settings)
         # Which commit `_saved` holds, counted since the ranks' states were last made equal
         # (None: never). Ranks with the same count hold the same model and optimizer.
         self._generation: int | None = None
@@ -75,8 +94,29 @@ class TorchState(State):
 
     def save(self) -> None:
         """Copies the model's and the optimizer's state and the other attributes into
-        memory (GPU tensors where `commit_to` says)."""
+        memory (GPU tensors where `commit_to` says), and has it kept outside the process
+        (a host snapshot, --checkpoint-dir) off the training thread."""
+        self._commit_number += 1
+        self._copy_state()
+        self._keep()
+
+    @property
+    def keeping_settings(self) -> KeepingSettings:
+        """Where this state's commits are kept (host snapshots, --checkpoint-dir)."""
+        return self._keeper.settings if self._keeper is not None else self._settings
+
+    def _keep(self) -> None:
+        if self._keeper is not None and runtime.is_initialized():
+            self._keeper.kept(self._commit_number, WHOLE, self._saved,
+                              host_writer=place.local_rank() == 0,
+                              checkpoint_writer=place.rank() == 0)
+
+    def _copy_state(self) -> None:
         self._placement.settle()  # the last commit's copies complete before they are reused
+        with self._keeper.hold() if self._keeper is not None else contextlib.nullcontext():
+            self._refill()
+
+    def _refill(self) -> None:
         saved: dict[str, Any] = {}
         if self.model is not None:
             saved["model"] = snapshot_tensors(self.model.state_dict(), self._saved.get("model"),
@@ -91,6 +131,13 @@ class TorchState(State):
         if self._generation is not None:
             self._generation += 1
 
+    def restore_from(self, saved: dict[str, Any], commit_number: int) -> None:
+        """Takes a commit read from a snapshot or checkpoint as the last commit, and loads
+        it."""
+        self._saved = saved
+        self._commit_number = commit_number
+        self.restore()
+
     def restore(self) -> None:
         """Loads the last saved copies into the model, the optimizer and the other
         attributes."""
@@ -104,36 +151,39 @@ class TorchState(State):
         self._load_objects(snapshot(self._saved["objects"]))
 
     def sync(self) -> None:
-        """Makes every rank's state rank 0's, then commits it. Model and optimizer are not
+        """Makes every rank's state the root's (rank 0, or the rank that restores the newest
+        snapshot when no rank holds a commit), then commits it. Model and optimizer are not
         sent when every rank holds the same commit (after a reset that added no one): they
         are equal already."""
         generation = -1 if self._generation is None else self._generation
         unsettled = groups.take_unsettled()
-        if self.model is not None or self.optimizer is not None:
-            # Every rank takes part in the check, a rank that never synced too. After an
-            # NCCL group was cut, equal commit counts may hide tensors that differ (a
-            # reduction cut midway): the ranks compare checksums of what they hold too.
-            checksum = fingerprint(self._tensor_states()) if unsettled else 0
-            if not functions.agreed(generation, checksum) or generation < 0:
-                self._broadcast_tensors()
-                generation = 0
+        # Every rank takes part in the check, a rank that never synced too. After an NCCL
+        # group was cut, equal commit counts may hide tensors that differ (a reduction cut
+        # midway): the ranks compare checksums of what they hold too.
+        checksum = fingerprint(self._tensor_states()) if unsettled else 0
+        root, generation = restoring.sync_root(self, generation, checksum)
+        if root is not None and (self.model is not None or self.optimizer is not None):
+            self._broadcast_tensors(root)
         self._generation = generation
-        self._sync_objects()
-        self.save()
+        self._sync_objects(root or 0)
+        self._copy_state()
+        self._keep()
 
     def _tensor_states(self) -> list[Any]:
         return [None if self.model is None else self.model.state_dict(),
                 None if self.optimizer is None else self.optimizer.state_dict()["state"]]
 
-    def _broadcast_tensors(self) -> None:
+    def _broadcast_tensors(self, root: int) -> None:
         if self.model is not None:
-            functions.broadcast_parameters(self.model.state_dict(), root_rank=0)
+            functions.broadcast_parameters(self.model.state_dict(), root_rank=root)
         if self.optimizer is not None:
-            functions.broadcast_optimizer_state(self.optimizer, root_rank=0)
+            functions.broadcast_optimizer_state(self.optimizer, root_rank=root)
 
-    def _sync_objects(self) -> None:
+    def _sync_objects(self, root: int) -> None:
+        states, self._commit_number = functions.broadcast_tree(
+            (self._object_states(), self._commit_number), root_rank=root)
         if self._object_names:
-            self._load_objects(functions.broadcast_tree(self._object_states(), root_rank=0))
+            self._load_objects(states)
 
     def __setattr__(self, name: str, value: Any) -> None:
         # New public attributes set after construction (state.batch = 0) are committed too.

@@ -67,6 +67,9 @@ class Runtime:
         self.last_join = JoinTiming()
         self.plane = DataPlane()
         self.stall_watch: StallWatch | None = None  # hang detection: launched workers only
+        # The commit this worker's last sync restored (number, where from): told to the
+        # driver with its next sync report.
+        self.restored: tuple[int, str] | None = None
 
     @classmethod
     def from_env(cls) -> Runtime:
@@ -177,11 +180,18 @@ class Runtime:
         rank 0 of a later round is always one that does."""
         if self.client is None:
             return
+        report: dict[str, object] = {"worker_id": self.worker_id, "round": self.round}
+        if self.restored is not None:
+            report["restored_commit"], report["restored_from"] = self.restored
+            self.restored = None
         try:
-            self.client.call(protocol.PATH_SYNCED,
-                             {"worker_id": self.worker_id, "round": self.round})
+            self.client.call(protocol.PATH_SYNCED, report)
         except RequestRefusedError as exc:  # it is being stopped: nothing to hold for
             log.debug("the driver did not take the sync report: %s", exc)
+
+    def note_restored(self, commit: int, source: str) -> None:
+        """This worker's sync restored commit `commit` from `source` (a host, a directory)."""
+        self.restored = (commit, source)
 
     def hosts_changed(self) -> bool:
         """True when the driver announced a host change the current round does not reflect."""

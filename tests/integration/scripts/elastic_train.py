@@ -10,7 +10,8 @@ Faults (env): FAULTS="STEP:RANK:MODE,..." with MODE exception|sigkill|exit|sigst
 stops itself), pause=S (its training thread sleeps S seconds), gil=S (it holds the GIL for
 about S seconds, as a long GC pause does) or hang (its training thread waits forever, a
 deadlock outside collectives); each fires once per job, at the start of step STEP on the
-worker that is then rank RANK (RANK "*": on every worker, once in each).
+worker that is then rank RANK (RANK "*": on every worker, once in each process; "all":
+on every rank, once per job for each rank, so every worker of the round at the same step).
 TRAIN_SLOW_RANK=R: rank R's steps take 3x as long as they would (after each it sleeps
 twice its own work, the CPU time of the step, and its step sleep). A file
 $LOG_DIR/raise-<pid> makes worker <pid> raise at its next step (and is removed).
@@ -76,6 +77,18 @@ def log(event: str, **fields: object) -> None:
         file.write(json.dumps(record) + "\n")
 
 
+def optimizer_hash(optimizer: torch.optim.Optimizer) -> str:
+    """The optimizer's per-parameter state (momentum buffers), byte for byte."""
+    digest = hashlib.sha256()
+    state = optimizer.state_dict()["state"]
+    for key in sorted(state):
+        for name in sorted(state[key]):
+            value = state[key][name]
+            if isinstance(value, torch.Tensor):
+                digest.update(value.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
 def params_hash(model: torch.nn.Module) -> str:
     digest = hashlib.sha256()
     for tensor in model.state_dict().values():
@@ -91,11 +104,12 @@ def maybe_fault(step: int) -> None:
         raise ValueError(f"injected exception at step {step}")
     for spec in filter(None, os.environ.get("FAULTS", "").split(",")):
         fault_step, fault_rank, mode = spec.split(":")
-        if int(fault_step) != step or fault_rank not in ("*", str(er.rank())):
+        if int(fault_step) != step or fault_rank not in ("*", "all", str(er.rank())):
             continue
         # Fire once per job, even if a worker is later respawned; a fault for any rank ("*")
-        # once in each process.
-        marker = f"fault-{spec}" + (f"-{os.getpid()}" if fault_rank == "*" else "")
+        # once in each process, one for all ranks once for each rank.
+        marker = f"fault-{spec}" + (f"-{os.getpid()}" if fault_rank == "*" else "") + \
+            (f"-{er.rank()}" if fault_rank == "all" else "")
         try:
             os.close(os.open(os.path.join(LOG_DIR, marker), os.O_CREAT | os.O_EXCL))
         except FileExistsError:
@@ -207,7 +221,7 @@ def main() -> None:
             "gpu_used": (lambda free, total: total - free)(*torch.cuda.mem_get_info(device))}
         log("round", round=runtime.current().round, rank=er.rank(), size=er.size(),
             step=state.step, epoch=state.epoch, hash=params_hash(model),
-            lr=optimizer.param_groups[0]["lr"], resets=len(resets),
+            optimizer_hash=optimizer_hash(optimizer), lr=optimizer.param_groups[0]["lr"], resets=len(resets),
             backend=session.backend if session else "", **gpu)
         loader = DataLoader(dataset, batch_size=BATCH, sampler=state.sampler)
         while state.epoch < EPOCHS:
@@ -231,7 +245,8 @@ def main() -> None:
                 # after it, which the "round" records tell.
                 log("step", round=runtime.current().round, rank=er.rank(), size=er.size(),
                     epoch=state.epoch, step=state.step, indices=indices.tolist(),
-                    hash=params_hash(model), **({} if device.type != "cuda" else
+                    hash=params_hash(model), optimizer_hash=optimizer_hash(optimizer),
+                    **({} if device.type != "cuda" else
                                                 {"gpu_allocated":
                                                  torch.cuda.memory_allocated(device)}))
                 state.commit()

@@ -1,0 +1,232 @@
+"""Commits as files: host snapshots and --checkpoint-dir checkpoints share one format.
+
+A file is `torch.save` of a dict, readable with plain torch
+(`torch.load(path, weights_only=False)`): "model" (a state_dict), "optimizer" (a
+state_dict), "objects" (the other committed attributes, stateful ones as their
+state_dicts), "commit" (the job's commit number), "holding" (what part of the state the
+writing rank holds: "whole" for every rank of a data-parallel job; a sharded rank will
+write its shard) and "format"/"version".
+
+A file is whole or absent: it is written under a temporary name, flushed (fsynced where it
+must survive the machine), then renamed; a writer killed midway leaves only a temporary
+file, which readers never take and the next writer removes. The zip container's CRC-32 of
+every record is checked when a file is read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+FORMAT = "elasticrun-commit"
+VERSION = 1
+WHOLE = "whole"  # every rank holds the whole state (data parallelism)
+_NAME = re.compile(r"^commit-(\d{12})\.([A-Za-z0-9_.-]+)\.pt$")
+_TEMPORARY = re.compile(r"^\.commit-.*\.tmp-(\d+)$")
+
+
+class CheckpointMismatchError(RuntimeError):
+    """A snapshot or checkpoint holds a model or optimizer of another shape than this job's:
+    refused before anything is loaded."""
+
+
+class UnreadableCommitError(RuntimeError):
+    """A file that is not a complete elasticrun commit (another format, a damaged one)."""
+
+
+@dataclass(frozen=True)
+class CommitFile:
+    """A complete commit file: where it is, which commit, what part of the state."""
+
+    path: Path
+    commit: int
+    holding: str
+
+
+def file_name(commit: int, holding: str) -> str:
+    return f"commit-{commit:012d}.{holding}.pt"
+
+
+def payload(commit: int, holding: str, saved: Mapping[str, Any]) -> dict[str, Any]:
+    """What a file holds, from a TorchState's saved copies (model, optimizer, objects)."""
+    return {"format": FORMAT, "version": VERSION, "commit": commit, "holding": holding,
+            "model": saved.get("model"), "optimizer": saved.get("optimizer"),
+            "objects": saved.get("objects", {})}
+
+
+def write(directory: Path, commit: int, holding: str, content: Mapping[str, Any],
+          durable: bool) -> CommitFile:
+    """Writes `content` as commit `commit`'s file in `directory`, atomically; `durable`:
+    fsynced (file and directory) so that it survives a power loss."""
+    final = directory / file_name(commit, holding)
+    temporary = directory / f".{final.name}.tmp-{os.getpid()}"
+    try:
+        with open(temporary, "wb") as stream:
+            torch.save(dict(content), stream)
+            stream.flush()
+            if durable:
+                os.fsync(stream.fileno())
+        os.chmod(temporary, 0o600)
+        os.replace(temporary, final)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            temporary.unlink()
+        raise
+    if durable:
+        _fsync_directory(directory)
+    return CommitFile(final, commit, holding)
+
+
+def _fsync_directory(directory: Path) -> None:
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def complete(directory: Path, holding: str | None = None) -> list[CommitFile]:
+    """The complete commit files in `directory` (of one holding, or all), oldest first."""
+    found = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(directory):
+            match = _NAME.match(entry.name)
+            if match and (holding is None or match.group(2) == holding):
+                found.append(CommitFile(Path(entry.path), int(match.group(1)), match.group(2)))
+    return sorted(found, key=lambda f: f.commit)
+
+
+def newest(directory: Path, holding: str) -> CommitFile | None:
+    files = complete(directory, holding)
+    return files[-1] if files else None
+
+
+def prune(directory: Path, keep: CommitFile) -> None:
+    """Removes `keep`'s older files of its holding, and temporary files whose writer is gone
+    (killed midway)."""
+    for old in complete(directory, keep.holding):
+        if old.commit < keep.commit:
+            with contextlib.suppress(OSError):
+                old.path.unlink()
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(directory):
+            match = _TEMPORARY.match(entry.name)
+            if match and not _alive(int(match.group(1))):
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def read(path: Path) -> dict[str, Any]:
+    """A commit file's content (tensors on the CPU)."""
+    try:
+        content = torch.load(path, map_location="cpu", weights_only=False)
+    except (OSError, RuntimeError, EOFError, ValueError) as exc:
+        raise UnreadableCommitError(f"{path}: not a readable elasticrun commit ({exc})") \
+            from None
+    if not isinstance(content, dict) or content.get("format") != FORMAT:
+        raise UnreadableCommitError(f"{path}: not an elasticrun commit file")
+    if content.get("version") != VERSION:
+        raise UnreadableCommitError(f"{path}: commit format version {content.get('version')}"
+                                    f", this elasticrun reads version {VERSION}")
+    return content
+
+
+def mismatch(content: Mapping[str, Any], model: Mapping[str, torch.Tensor] | None,
+             optimizer: torch.optim.Optimizer | None) -> str | None:
+    """What makes `content` not loadable into this model and optimizer (None: it fits), in
+    one line: the first parameter, group or state whose name or shape differs."""
+    if model is not None:
+        problem = _model_difference(content.get("model"), model)
+        if problem is not None:
+            return problem
+    if optimizer is not None:
+        return _optimizer_difference(content.get("optimizer"), optimizer)
+    return None
+
+
+def _model_difference(there: Any, here: Mapping[str, torch.Tensor]) -> str | None:
+    if not isinstance(there, Mapping):
+        return "the file holds no model state"
+    missing = [name for name in here if name not in there]
+    if missing:
+        return f"model parameter {missing[0]!r} is not in the file"
+    extra = [name for name in there if name not in here]
+    if extra:
+        return f"the file's model has {extra[0]!r}, this model has not"
+    for name, tensor in here.items():
+        theirs = there[name]
+        if not isinstance(theirs, torch.Tensor) or theirs.shape != tensor.shape \
+                or theirs.dtype != tensor.dtype:
+            return f"model parameter {name!r} is {_shape(theirs)} in the file, " \
+                   f"{_shape(tensor)} in this model"
+    return None
+
+
+def _optimizer_difference(there: Any, optimizer: torch.optim.Optimizer) -> str | None:
+    if not isinstance(there, Mapping) or "param_groups" not in there:
+        return "the file holds no optimizer state"
+    groups = there["param_groups"]
+    if len(groups) != len(optimizer.param_groups):
+        return f"the file's optimizer has {len(groups)} parameter group(s), this one " \
+               f"{len(optimizer.param_groups)}"
+    shapes: dict[int, torch.Size] = {}
+    for index, (theirs, mine) in enumerate(zip(groups, optimizer.param_groups, strict=True)):
+        if len(theirs["params"]) != len(mine["params"]):
+            return f"optimizer parameter group {index} has {len(theirs['params'])} " \
+                   f"parameter(s) in the file, {len(mine['params'])} here"
+        shapes.update({key: p.shape for key, p in zip(theirs["params"], mine["params"],
+                                                      strict=True)})
+    for key, values in there.get("state", {}).items():
+        for name, value in values.items():
+            if isinstance(value, torch.Tensor) and value.dim() > 0 \
+                    and value.shape != shapes.get(key):
+                return f"optimizer state {name!r} of parameter {key} is {_shape(value)} in " \
+                       f"the file, its parameter {list(shapes.get(key, ()))} here"
+    return None
+
+
+def _shape(value: Any) -> str:
+    if not isinstance(value, torch.Tensor):
+        return type(value).__name__
+    return f"{list(value.shape)} {str(value.dtype).removeprefix('torch.')}"
+
+
+def load_checkpoint(path: str | os.PathLike[str], model: torch.nn.Module | None = None,
+                    optimizer: torch.optim.Optimizer | None = None) -> dict[str, Any]:
+    """Loads a commit that elasticrun kept (a file, or the newest complete one in a
+    --checkpoint-dir) into `model` and `optimizer`, after checking that it fits them
+    (CheckpointMismatchError, naming the first difference, and nothing loaded, if not).
+    Returns the file's content: "objects" holds the other committed attributes (stateful
+    ones as their state_dicts), "commit" the job's commit number."""
+    where = Path(path)
+    if where.is_dir():
+        found = newest(where, WHOLE)
+        if found is None:
+            raise FileNotFoundError(f"{where}: no complete elasticrun commit in it")
+        where = found.path
+    content = read(where)
+    problem = mismatch(content, None if model is None else model.state_dict(), optimizer)
+    if problem is not None:
+        raise CheckpointMismatchError(f"{where}: {problem}")
+    if model is not None:
+        model.load_state_dict(content["model"])
+    if optimizer is not None:
+        optimizer.load_state_dict(content["optimizer"])
+    return content

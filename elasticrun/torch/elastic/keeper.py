@@ -1,0 +1,272 @@
+"""Keeps every commit outside the worker processes, off the training thread.
+
+After each commit, one thread per worker writes it (commit_files.py) as a *host snapshot*
+into a directory in host memory (/dev/shm: it survives the death of every worker process
+on the host, not of the host), and, at most once every --checkpoint-interval, copies that
+file into --checkpoint-dir (fsynced: it survives the machine). Only the writers the state's
+holding names write: for state every rank holds whole, the lowest rank on each host (one
+copy per host) and rank 0 for the checkpoint.
+
+The thread reads the commit's copies in place (no second copy in memory): the next commit
+waits for a write still in flight before it refills them (`hold`), so a snapshot is always
+the last or the one before last commit. The file copy to --checkpoint-dir reads the
+snapshot file, not the copies, and never holds a commit up: when commits come faster, the
+newest snapshot wins. A failed write (a full /dev/shm) is logged once and costs nothing
+else: there is then no snapshot of that commit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from elasticrun import protocol
+from elasticrun.torch.elastic import commit_files
+from elasticrun.torch.elastic.commit_files import CommitFile
+
+log = logging.getLogger("elasticrun.worker")
+
+
+
+@dataclass(frozen=True)
+class KeepingSettings:
+    snapshot_dir: Path | None = None  # host snapshots (None: off)
+    checkpoint_dir: Path | None = None
+    checkpoint_interval: float = 60.0
+    restore_expected: bool = False  # a total loss: a snapshot must be found
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> KeepingSettings:
+        env = os.environ if env is None else env
+        snapshots = env.get(protocol.ENV_SNAPSHOT_DIR, "")
+        checkpoints = env.get(protocol.ENV_CHECKPOINT_DIR, "")
+        return cls(Path(snapshots) if snapshots else None,
+                   Path(checkpoints) if checkpoints else None,
+                   float(env.get(protocol.ENV_CHECKPOINT_INTERVAL, "60") or 60),
+                   env.get(protocol.ENV_RESTORE) == "1")
+
+    @property
+    def keeps(self) -> bool:
+        return self.snapshot_dir is not None or self.checkpoint_dir is not None
+
+    def directories(self) -> list[tuple[str, Path]]:
+        """Where complete commits may be found, with the name of each place, in the order
+        they are preferred for the same commit (host memory first)."""
+        places = []
+        if self.snapshot_dir is not None:
+            places.append(("host", self.snapshot_dir))
+        if self.checkpoint_dir is not None:
+            places.append(("checkpoint dir", self.checkpoint_dir))
+        return places
+
+
+@dataclass(frozen=True)
+class Offer:
+    """The newest complete commit one rank can read: what the ranks compare."""
+
+    commit: int
+    place: str  # "host" or "checkpoint dir"
+    path: str
+    host: str = ""  # the host of the rank that offers it
+
+
+def offer(settings: KeepingSettings, holding: str) -> Offer | None:
+    best: Offer | None = None
+    for place, directory in settings.directories():
+        found = commit_files.newest(directory, holding)
+        if found is not None and (best is None or found.commit > best.commit):
+            best = Offer(found.commit, place, str(found.path))
+    return best
+
+
+def choose(offers: list[Offer | None]) -> tuple[int, Offer] | None:
+    """The rank whose offer the round restores from: the newest commit, host memory before
+    a checkpoint dir, then the lowest rank."""
+    ranked = [(o.commit, o.place == "host", -rank, rank, o)
+              for rank, o in enumerate(offers) if o is not None]
+    if not ranked:
+        return None
+    *_, rank, chosen = max(ranked, key=lambda r: r[:3])
+    return rank, chosen
+
+
+class CommitKeeper:
+    """The writer thread of one worker (started at its first commit to keep)."""
+
+    def __init__(self, settings: KeepingSettings) -> None:
+        self.settings = settings
+        self._busy = threading.Lock()  # held while a commit's copies are being written
+        self._wake = threading.Condition()
+        self._pending: tuple[int, str, Mapping[str, Any], bool, bool] | None = None
+        self._active = False
+        self._thread: threading.Thread | None = None
+        self._copier = _CheckpointCopier(settings, self._warn_once)
+        self._warned: set[str] = set()
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        """While held, no write reads the commit's copies (a commit refills them)."""
+        with self._busy:
+            yield
+
+    def kept(self, commit: int, holding: str, saved: Mapping[str, Any],
+             host_writer: bool, checkpoint_writer: bool) -> None:
+        """Commit `commit` is in `saved` now: the thread writes it (replacing one not yet
+        started)."""
+        snapshot = host_writer and self.settings.snapshot_dir is not None
+        checkpoint = checkpoint_writer and self.settings.checkpoint_dir is not None
+        if not snapshot and not checkpoint:
+            return
+        with self._wake:
+            self._pending = (commit, holding, saved, snapshot, checkpoint)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="elasticrun-keeper",
+                                                daemon=True)
+                self._thread.start()
+            self._wake.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while self._pending is None:
+                    self._wake.wait()
+                commit, holding, saved, snapshot, checkpoint = self._pending
+                self._pending = None
+                self._active = True
+            try:
+                with self._busy:
+                    written = self._write_snapshot(commit, holding, saved, snapshot)
+                if written is not None and checkpoint:
+                    self._copier.offer(written, keep_source=snapshot)
+            finally:
+                with self._wake:
+                    self._active = False
+                    self._wake.notify_all()
+
+    def _write_snapshot(self, commit: int, holding: str, saved: Mapping[str, Any],
+                        keep: bool) -> CommitFile | None:
+        """The commit as a file in host memory (kept there, or only staged on its way to
+        the checkpoint dir)."""
+        directory = self.settings.snapshot_dir if keep else None
+        if directory is None:
+            directory = Path("/dev/shm" if os.path.isdir("/dev/shm") else "/tmp") / \
+                f"elasticrun-staging-{os.getpid()}"
+        try:
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            written = commit_files.write(directory, commit, holding,
+                                         commit_files.payload(commit, holding, saved),
+                                         durable=False)
+            commit_files.prune(directory, written)
+            return written
+        except (OSError, RuntimeError) as exc:  # torch.save reports a full disk as either
+            self._warn_once("snapshot", f"commit {commit} could not be kept in {directory} "
+                                        f"({getattr(exc, 'strerror', None) or exc}); no host "
+                                        f"snapshot of it (is /dev/shm big enough?)")
+            return None
+
+    def flush(self, timeout: float = 60.0) -> None:
+        """Waits (bounded) for the writes in flight, then writes the newest snapshot to the
+        checkpoint dir if it is not there yet: the last commit is kept when a worker ends."""
+        deadline = time.monotonic() + timeout
+        with self._wake:
+            self._wake.wait_for(lambda: self._pending is None and not self._active,
+                                timeout=timeout)
+        self._copier.finish(max(0.0, deadline - time.monotonic()))
+
+    def _warn_once(self, what: str, message: str) -> None:
+        if what not in self._warned:
+            self._warned.add(what)
+            log.warning(message)
+
+
+class _CheckpointCopier:
+    """Copies snapshot files into the checkpoint dir on a thread of its own: at most once
+    every interval, one at a time; the newest snapshot waiting while a copy is in flight is
+    copied after it (when due), and whatever waits is copied when the worker ends."""
+
+    def __init__(self, settings: KeepingSettings, warn: Any) -> None:
+        self._settings = settings
+        self._warn = warn
+        self._lock = threading.Lock()
+        self._waiting: tuple[Any, CommitFile] | None = None  # an open file, and what it is
+        self._thread: threading.Thread | None = None
+        self._last = -float("inf")
+        self._done: int | None = None  # the newest commit copied
+
+    def offer(self, written: CommitFile, keep_source: bool) -> None:
+        source = open(written.path, "rb")  # noqa: SIM115 - closed by whoever copies or drops it
+        if not keep_source:
+            written.path.unlink()  # an open file stays readable; nothing is left behind
+        with self._lock:
+            if self._waiting is not None:
+                self._waiting[0].close()
+            self._waiting = (source, written)
+            if self._thread is None or not self._thread.is_alive():
+                self._start_if_due(force=False)
+
+    def _start_if_due(self, force: bool) -> None:
+        if self._waiting is None:
+            return
+        if not force and time.monotonic() - self._last < self._settings.checkpoint_interval:
+            return
+        self._last = time.monotonic()
+        job, self._waiting = self._waiting, None
+        self._thread = threading.Thread(target=self._copy_all, args=(job,),
+                                        name="elasticrun-checkpoint", daemon=True)
+        self._thread.start()
+
+    def _copy_all(self, job: tuple[Any, CommitFile]) -> None:
+        while True:
+            self._copy(*job)
+            with self._lock:
+                if self._waiting is None or time.monotonic() - self._last < \
+                        self._settings.checkpoint_interval:
+                    return
+                self._last = time.monotonic()
+                job, self._waiting = self._waiting, None
+
+    def _copy(self, source: Any, written: CommitFile) -> None:
+        directory = self._settings.checkpoint_dir
+        assert directory is not None
+        final = directory / written.path.name
+        temporary = directory / f".{final.name}.tmp-{os.getpid()}"
+        try:
+            with source:
+                directory.mkdir(parents=True, exist_ok=True)
+                with open(temporary, "wb") as target:
+                    shutil.copyfileobj(source, target, 8 << 20)
+                    target.flush()
+                    os.fsync(target.fileno())
+            os.chmod(temporary, 0o600)
+            os.replace(temporary, final)
+            descriptor = os.open(directory, os.O_RDONLY)
+            try:
+                os.fsync(descriptor)
+            finally:
+                os.close(descriptor)
+            commit_files.prune(directory, CommitFile(final, written.commit, written.holding))
+            self._done = written.commit
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                temporary.unlink()
+            self._warn("checkpoint", f"commit {written.commit} could not be written to "
+                                     f"{directory} ({exc.strerror or exc})")
+
+    def finish(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+        with self._lock:
+            self._start_if_due(force=True)
+            thread = self._thread
+        if thread is not None:
+            thread.join(max(0.0, deadline - time.monotonic()))

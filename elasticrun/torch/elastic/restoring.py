@@ -1,0 +1,93 @@
+"""Whose state a round's sync makes everyone's: rank 0's, or a kept commit's.
+
+At the start of every round the ranks compare, in one collective, which commit each holds
+in memory and, for those that hold none, the newest complete commit each can read (a host
+snapshot, a file in --checkpoint-dir). When some rank holds a commit, rank 0 does (the
+driver's assignment sees to it) and is the root, as ever. When none does — a new job, or
+every worker that held it was lost — the newest readable commit is restored by the rank
+that reads it and sent to the others: the job goes on from that commit. If the driver
+started this round to replace workers that were all lost and no rank finds a commit, every
+rank raises SnapshotMissingError: training from scratch in silence is never an option.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from elasticrun.torch import functions
+from elasticrun.torch.elastic import commit_files, keeper
+from elasticrun.torch.elastic.commit_files import (
+    WHOLE,
+    CheckpointMismatchError,
+    UnreadableCommitError,
+)
+from elasticrun.torch.elastic.keeper import KeepingSettings, Offer
+from elasticrun.torch.world import place, runtime
+from elasticrun.worker import timeline
+
+if TYPE_CHECKING:
+    from elasticrun.torch.elastic.state import TorchState
+
+log = logging.getLogger("elasticrun.worker")
+
+
+class SnapshotMissingError(RuntimeError):
+    """Every worker holding the committed state was lost and no rank of the new round can
+    read a snapshot or checkpoint of it."""
+
+
+def sync_root(state: TorchState, generation: int, checksum: int) -> tuple[int | None, int]:
+    """The rank whose state the round takes (None: every rank holds the same commit, nothing
+    to send), and the ranks' commit generation after the sync."""
+    settings = state.keeping_settings
+    mine = keeper.offer(settings, WHOLE) if generation < 0 and settings.keeps else None
+    if mine is not None:
+        mine = Offer(mine.commit, mine.place, mine.path, _hostname())
+    views = functions.allgather_object((generation, checksum, mine))
+    if all(g < 0 for g, _, _ in views):
+        return _restore(state, settings, [o for _, _, o in views]), 0
+    if generation >= 0 and all((g, c) == (generation, checksum) for g, c, _ in views):
+        return None, generation
+    return 0, 0
+
+
+def _restore(state: TorchState, settings: KeepingSettings, offers: list[Offer | None]) -> int:
+    chosen = keeper.choose(offers)
+    if chosen is None:
+        if settings.restore_expected:
+            raise SnapshotMissingError(
+                "every worker holding the committed training state was lost, and no rank of "
+                "the new round finds a snapshot of it (host snapshots: "
+                f"{settings.snapshot_dir or 'off'}; --checkpoint-dir: "
+                f"{settings.checkpoint_dir or 'none'})")
+        return 0  # a new job: rank 0's state, as ever
+    root, offer = chosen
+    content: dict[str, Any] | None = None
+    problem: str | None = None
+    if place.rank() == root:
+        try:
+            content = commit_files.read(Path(offer.path))
+            model = state.model.state_dict() if state.model is not None else None
+            problem = commit_files.mismatch(content, model, state.optimizer)
+        except UnreadableCommitError as exc:
+            problem = str(exc)
+    problem = functions.broadcast_object(problem, root_rank=root)
+    if problem is not None:
+        raise CheckpointMismatchError(f"cannot restore commit {offer.commit} from {offer.path}"
+                                      f": {problem}")
+    if content is not None:
+        state.restore_from({"model": content["model"], "optimizer": content["optimizer"],
+                            "objects": content["objects"]}, int(content["commit"]))
+    where = f"host {offer.host}" if offer.place == "host" else f"checkpoint dir {offer.path}"
+    log.log(logging.WARNING if place.rank() == 0 else logging.DEBUG,
+            "restored the state from the snapshot of commit %d (%s)", offer.commit, where)
+    timeline.instant("restored", "elastic", commit=offer.commit, source=where)
+    if place.rank() == 0:
+        runtime.current().note_restored(offer.commit, where)
+    return root
+
+
+def _hostname() -> str:
+    return runtime.current().slot.hostname
