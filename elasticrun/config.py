@@ -15,6 +15,7 @@ DEFAULT_MAX_RESTARTS = 3
 # How long the members of a round wait for one that has not called er.init() yet (its
 # imports, data and model before it): loading data for minutes is ordinary.
 DEFAULT_INIT_TIMEOUT_S = 1800.0
+DEFAULT_CHECKPOINT_INTERVAL_S = 60.0
 
 
 def _target(spec: str) -> str:
@@ -59,6 +60,11 @@ class DriverConfig:
     # Restarts after a failure of a round whose scripts never called er.init() (restart
     # mode); host changes restart such a round too, without counting.
     max_restarts: int = DEFAULT_MAX_RESTARTS
+    # Commits kept outside the workers (a total loss restarts from them): a snapshot in each
+    # host's memory, and durable checkpoints in a directory, at most once an interval.
+    host_snapshots: bool = True
+    checkpoint_dir: Path | None = None
+    checkpoint_interval: float = DEFAULT_CHECKPOINT_INTERVAL_S
     init_timeout: float = DEFAULT_INIT_TIMEOUT_S  # a member's first er.init(), others waiting
     torchrun: TorchrunSettings = field(default_factory=TorchrunSettings)
     blacklist_cooldown: tuple[float, float] | None = None
@@ -145,6 +151,9 @@ class DriverConfig:
                 raise ConfigError(f"{flag} must be positive, got {getattr(self, name)}")
         if self.reset_limit is not None and self.reset_limit < 0:
             raise ConfigError(f"--reset-limit must be 0 or more, got {self.reset_limit}")
+        if self.checkpoint_interval < 0:
+            raise ConfigError(f"--checkpoint-interval must be 0 or more seconds, got "
+                              f"{self.checkpoint_interval:g}")
         if self.max_restarts < 0:
             raise ConfigError(f"--max-restarts must be 0 or more, got {self.max_restarts}")
         if self.blacklist_cooldown is not None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from elasticrun import protocol
 from elasticrun.config import (
     AGENT_LAUNCHERS,
+    DEFAULT_CHECKPOINT_INTERVAL_S,
     DEFAULT_INIT_TIMEOUT_S,
     DEFAULT_MAX_RESTARTS,
     DriverConfig,
@@ -79,6 +80,9 @@ def build_config(
     launcher: str = DEFAULT_LAUNCHER,
     agent_token_file: Path | None = None,
     max_restarts: int = DEFAULT_MAX_RESTARTS,
+    host_snapshots: bool = True,
+    checkpoint_dir: Path | None = None,
+    checkpoint_interval: float = DEFAULT_CHECKPOINT_INTERVAL_S,
     init_timeout: float = DEFAULT_INIT_TIMEOUT_S,
     torchrun: TorchrunSettings | None = None,
     stop_grace_period: float | None = None,
@@ -140,6 +144,9 @@ def build_config(
         elastic_timeout=elastic_timeout,
         reset_limit=reset_limit,
         max_restarts=max_restarts,
+        host_snapshots=host_snapshots,
+        checkpoint_dir=None if checkpoint_dir is None else checkpoint_dir.absolute(),
+        checkpoint_interval=checkpoint_interval,
         init_timeout=init_timeout,
         torchrun=torchrun or TorchrunSettings(),
         blacklist_cooldown=blacklist_cooldown_range,

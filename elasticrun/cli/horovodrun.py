@@ -31,7 +31,7 @@ from elasticrun.cli.options import (
     VERBOSE,
     positive,
 )
-from elasticrun.config import DEFAULT_MAX_RESTARTS
+from elasticrun.config import DEFAULT_CHECKPOINT_INTERVAL_S, DEFAULT_MAX_RESTARTS
 from elasticrun.job_config import build_config
 from elasticrun.process_setup import setup_logging
 
@@ -86,7 +86,21 @@ from elasticrun.process_setup import setup_logging
 @click.option("--max-restarts", type=click.IntRange(min=0), default=DEFAULT_MAX_RESTARTS,
               show_default=True,
               help="Restarts, after a failure, of a round of scripts that never call er.init() "
-                   "(torchrun-style scripts: the whole round restarts, as under torchrun).")
+                   "(torchrun-style scripts: the whole round restarts, as under torchrun), and "
+                   "of a job that lost every worker holding its commit (it restarts from the "
+                   "newest kept commit).")
+@click.option("--host-snapshots/--no-host-snapshots", default=True, show_default=True,
+              help="Keep each commit of a TorchState in each host's memory (/dev/shm), written "
+                   "off the training thread: a job that loses every worker goes on from it. "
+                   "Costs one copy of the state per host.")
+@click.option("--checkpoint-dir", type=click.Path(path_type=Path, file_okay=False),
+              metavar="DIR",
+              help="Also write commits to DIR (asynchronously, atomically, fsynced), where a "
+                   "total loss or the same command run again resumes from the newest.")
+@click.option("--checkpoint-interval", type=click.FloatRange(min=0),
+              default=DEFAULT_CHECKPOINT_INTERVAL_S, show_default=True, metavar="SECONDS",
+              help="Write a commit to --checkpoint-dir at most once every SECONDS (0: every "
+                   "commit; the newest wins while a write is in flight).")
 @INIT_TIMEOUT
 @click.option("--blacklist-cooldown-range", type=(float, float), metavar="MIN MAX",
               help="A failed host may return after a growing cooldown of MIN..MAX seconds "

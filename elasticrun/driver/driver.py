@@ -28,9 +28,11 @@ from elasticrun.driver.operate.routes import OperatorRoutes
 from elasticrun.driver.operate.target import JobOperator
 from elasticrun.driver.operate.telemetry import Telemetry
 from elasticrun.driver.operate.timeline import JobTimeline
+from elasticrun.driver.processes import snapshot_dirs
 from elasticrun.driver.processes.output import OutputRouter
 from elasticrun.driver.processes.records import new_worker_id
 from elasticrun.driver.processes.script_kind import imports_elasticrun
+from elasticrun.driver.processes.snapshot_dirs import snapshot_directory
 from elasticrun.driver.queue import EventQueue
 from elasticrun.driver.rounds import events as ev
 from elasticrun.driver.rounds.machine import RoundMachine
@@ -229,6 +231,8 @@ class Driver:
             await self._journal.close()
         self._timeline.close()
         await self._telemetry.close()
+        if not superseded and self._config.host_snapshots:
+            snapshot_dirs.remove(snapshot_directory(self.job_id))
 
     def _run_task(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)

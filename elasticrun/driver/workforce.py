@@ -17,6 +17,7 @@ from elasticrun.driver.processes.output import OutputRouter, run_directory
 from elasticrun.driver.processes.placement import Placement
 from elasticrun.driver.processes.pool import PoolSettings, WorkerPool
 from elasticrun.driver.processes.records import EnvSettings, Placed
+from elasticrun.driver.processes.snapshot_dirs import snapshot_directory
 from elasticrun.driver.rounds import events as ev
 from elasticrun.driver.rounds import resume
 from elasticrun.driver.rounds.assignment import Assignment, hosts_in_rank_order
@@ -68,7 +69,10 @@ class Workforce:
             hang_detection=config.hang_detection,
             gloo_interface=config.network_interface or ("lo" if all_local else None),
             run_id=run_id, max_restarts=config.max_restarts, torchrun=config.torchrun,
-            error_dir=error_dir)
+            error_dir=error_dir,
+            snapshot_dir=snapshot_directory(job_id) if config.host_snapshots else None,
+            checkpoint_dir=config.checkpoint_dir,
+            checkpoint_interval=config.checkpoint_interval)
         settings = PoolSettings(config.command, config.working_dir, config.stop_grace_period,
                                 env, launcher_env(), extra_env)
         self.pool = WorkerPool(settings, self._launcher, self._dial_address, self._output,
@@ -86,7 +90,7 @@ class Workforce:
                             self._placement.master_endpoint(action.assignment))
         master = self._master[1]
         placed = Placed(action.assignment[action.slot], action.round,
-                        places[action.slot.host], len(hosts), action.restarts)
+                        places[action.slot.host], len(hosts), action.restarts, action.restore)
         try:
             await self.pool.spawn(action.worker, action.slot, placed, master)
         except SpawnError as exc:

@@ -34,6 +34,7 @@ import sys
 import tempfile
 import threading
 
+from elasticrun import protocol
 from elasticrun.worker import template
 
 _PR_SET_PDEATHSIG = 1
@@ -73,6 +74,9 @@ def main() -> None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             shutil.rmtree(directory, ignore_errors=True)
+            snapshots = os.environ.get(protocol.ENV_SNAPSHOT_DIR)
+            if snapshots:  # the job's commits kept on this host (its end, or the link's)
+                shutil.rmtree(snapshots, ignore_errors=True)
     if argv is not None:
         template.run_program(argv)
 

@@ -73,6 +73,13 @@ class HostRegistry:
         self._blacklist[host] = entry
         return entry
 
+    def give_back(self, host: str) -> None:
+        """Ends a host's blacklisting now; its count of failures is kept (a cooldown after
+        its next failure is longer)."""
+        entry = self._blacklist.get(host)
+        if entry is not None:
+            self._blacklist[host] = BlacklistEntry(entry.failures, 0.0)
+
     def is_blacklisted(self, host: str, now: float) -> bool:
         entry = self._blacklist.get(host)
         return entry is not None and (entry.until is None or entry.until > now)

@@ -34,6 +34,8 @@ class JobView:
     discovery: str
     discovery_error: str | None
     epoch: int = 1  # the driver's: one more after each --resume
+    restarts: int = 0  # whole restarts: a plain round's, or after a total loss
+    last_restore: dict[str, Any] | None = None  # the last kept commit restored
 
 
 def host_states(view: JobView) -> dict[str, str]:
@@ -82,6 +84,8 @@ def build_status(view: JobView) -> dict[str, Any]:
         "world_size": len(view.assignment),
         "resets": max(0, view.round - 1),
         "reset_limit": view.reset_limit,
+        "restarts": view.restarts,
+        "last_restore": view.last_restore,
         "np": view.np, "min_np": view.min_np, "max_np": view.max_np,
         "hosts": hosts,
         "blacklist": blacklist,

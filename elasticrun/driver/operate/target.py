@@ -46,7 +46,8 @@ class JobOperator:
             blacklist=state.hosts.blacklist_snapshot(), np=config.np,
             min_np=config.min_np, max_np=config.max_np, reset_limit=config.reset_limit,
             discovery=self.watcher.describe(), discovery_error=self.watcher.last_error,
-            epoch=self.epoch)
+            epoch=self.epoch, restarts=state.restarts,
+            last_restore=self.telemetry.last_restore)
 
     def status(self) -> dict[str, Any]:
         return build_status(self.view())

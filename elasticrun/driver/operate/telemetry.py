@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from typing import Any
 
 from elasticrun.config import DriverConfig
 from elasticrun.discovery.base import HostSlots
@@ -20,6 +21,7 @@ from elasticrun.driver.server.outsiders import Outsiders
 
 class Telemetry:
     def __init__(self, job_id: str, sinks: Iterable[EventSink] = ()) -> None:
+        self.last_restore: dict[str, Any] | None = None  # for /status
         self.job_id = job_id
         self.metrics = DriverMetrics()
         # requests refused because of their sender: the server's parts count them here
@@ -94,6 +96,16 @@ class Telemetry:
         if cause:
             self.metrics.restarts.inc()
         self._bus.emit("round_restarting", restart_count=count, cause=cause or None)
+
+    def total_loss(self, cause: str, restarts: int, hosts: list[str]) -> None:
+        """Every worker holding the commit was lost: the job restarts from the kept one."""
+        self.metrics.restarts.inc()
+        self._bus.emit("total_loss", cause=cause, restart_count=restarts, hosts_given_back=hosts)
+
+    def state_restored(self, round: int, commit: int, source: str) -> None:
+        """A round restored a kept commit (a host snapshot, --checkpoint-dir)."""
+        self.last_restore = {"round": round, "commit": commit, "source": source}
+        self._bus.emit("state_restored", round=round, commit=commit, source=source)
 
     # --- failures ----------------------------------------------------------------------
     def worker_failed(self, *, rank: int | None, host: str, exit_code: int | None,

@@ -62,6 +62,9 @@ class EnvSettings:
     max_restarts: int = 0  # TORCHELASTIC_MAX_RESTARTS
     torchrun: TorchrunSettings = field(default_factory=TorchrunSettings)
     error_dir: Path = Path("/tmp")  # where @record's error files go (TORCHELASTIC_ERROR_FILE)
+    snapshot_dir: Path | None = None  # each host's snapshots of commits (None: off)
+    checkpoint_dir: Path | None = None  # --checkpoint-dir
+    checkpoint_interval: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,7 @@ class Placed:
     group_rank: int = 0
     group_size: int = 1
     restarts: int = 0
+    restore: bool = False  # it replaces workers that were all lost: its round restores
 
 
 def job_env(
@@ -108,10 +112,15 @@ def job_env(
         protocol.ENV_BACKEND: settings.backend,
         protocol.ENV_ELASTIC: "1" if settings.elastic else "0",
         protocol.ENV_HANG_DETECTION: "1" if settings.hang_detection else "0",
+        protocol.ENV_SNAPSHOT_DIR: str(settings.snapshot_dir or ""),
+        protocol.ENV_CHECKPOINT_DIR: str(settings.checkpoint_dir or ""),
+        protocol.ENV_CHECKPOINT_INTERVAL: f"{settings.checkpoint_interval:g}",
         "MASTER_ADDR": master_addr,
         "MASTER_PORT": str(master_port),
         "PYTHONUNBUFFERED": "1",
     }
+    if placed.restore:
+        env[protocol.ENV_RESTORE] = "1"
     env.update(torchrun_env(settings, placed))
     env.update(horovod_env(info))
     if settings.gloo_interface and "GLOO_SOCKET_IFNAME" not in inherited:

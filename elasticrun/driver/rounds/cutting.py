@@ -2,15 +2,16 @@
 
 A cut waits (in named states, with timers) for what it needs: --min-np slots (up to
 --elastic-timeout), and, when no live worker seems to hold the committed state, for sync
-reports still in flight. It refuses, with one message, when the reset limit is spent, when
-every holder of the committed state is lost, or when rounds keep resetting on the same
-failure with no commit in between.
+reports still in flight. When every holder of the committed state is lost, the next round
+restarts from the kept commit (total_loss.py). It refuses, with one message, when the reset
+limit is spent, when a total loss cannot be restarted, or when rounds keep resetting on the
+same failure with no commit in between.
 """
 
 from __future__ import annotations
 
 from elasticrun.discovery.parsing import format_hosts
-from elasticrun.driver.rounds import growth, joins, planner, restarts
+from elasticrun.driver.rounds import growth, joins, planner, restarts, total_loss
 from elasticrun.driver.rounds.assignment import Assignment, SlotId
 from elasticrun.driver.rounds.capacity import shortfall, start_refusal
 from elasticrun.driver.rounds.events import OpenRound, Spawn, TimerKind
@@ -51,23 +52,24 @@ def cut(step: Step) -> None:
         return  # a plain round's members are being stopped: the next round follows them
     if not restarts.settle(step):
         return  # --max-restarts spent: the job ended
+    if planner.state_lost(state, now):
+        # Reports of workers that synced just before the failure may still be in flight;
+        # with no worker of the job alive, none can be.
+        if state.sync_grace_until is None and any(w.alive for w in state.workers.values()):
+            state.sync_grace_until = now + SYNC_REPORT_WAIT_S
+            step.timer(TimerKind.SYNC_REPORTS_DUE, state.sync_grace_until)
+        if state.sync_grace_until is not None and now < state.sync_grace_until:
+            return
+        state.sync_grace_until = None
+        if not total_loss.restart(step):
+            return
+    state.sync_grace_until = None
     capacity = planner.capacity(state, config.max_np, now)
     if capacity < config.min_np:
         _short_of_slots(step, capacity)
         return
     target = planner.desired(state, config.max_np, now)
     state.capacity_deadline = None
-    if planner.state_lost(state, now):
-        if state.sync_grace_until is None:
-            state.sync_grace_until = now + SYNC_REPORT_WAIT_S
-            step.timer(TimerKind.SYNC_REPORTS_DUE, state.sync_grace_until)
-        if now < state.sync_grace_until:
-            return
-        step.fail("no worker holding the committed training state is left (every one was "
-                  "lost); a new round would silently start training from scratch, so the job "
-                  "stops. Restart it (from your last disk checkpoint, if you keep one)")
-        return
-    state.sync_grace_until = None
     number = state.round_number + 1
     limit = config.reset_limit
     if number > 1 and limit is not None and number - 1 > limit:
@@ -153,7 +155,7 @@ def _open(step: Step, number: int, target: Assignment) -> None:
     step.log("info", f"round {number}: world size {len(target)} on {format_hosts(per_host)}{new}")
     for slot in new_slots:
         step.emit(Spawn(members[slot], slot, target, standby=False, round=number,
-                        restarts=state.restarts))
+                        restarts=state.restarts, restore=state.restoring))
     joins.opened(step)
     joins.reevaluate(step)
     growth.plan(step)

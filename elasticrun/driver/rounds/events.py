@@ -138,6 +138,7 @@ class WorkerFailing:
 class WorkerSynced:
     worker: str
     round: int
+    restored: tuple[int, str] | None = None  # the kept commit its sync restored, and where
 
 
 @dataclass(frozen=True)
@@ -198,6 +199,7 @@ class Spawn:
     standby: bool
     round: int = 0  # the round it is started for (standbys: the one after the current)
     restarts: int = 0  # rounds restarted whole so far (TORCHELASTIC_RESTART_COUNT)
+    restore: bool = False  # it replaces workers that were all lost: restore a kept commit
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,15 @@ from collections.abc import Callable
 from elasticrun.config import DriverConfig
 from elasticrun.discovery.parsing import format_hosts
 from elasticrun.driver.hosts.registry import HostRegistry
-from elasticrun.driver.rounds import cutting, growth, joins, liveness, restarts, resume
+from elasticrun.driver.rounds import (
+    cutting,
+    growth,
+    joins,
+    liveness,
+    restarts,
+    resume,
+    total_loss,
+)
 from elasticrun.driver.rounds.assignment import SlotId
 from elasticrun.driver.rounds.events import (
     Action,
@@ -70,6 +78,8 @@ class RoundMachine:
             joins.asked(step, event)
         elif isinstance(event, WorkerSynced):
             joins.synced(step, event.worker, event.round)
+            if event.restored is not None:
+                total_loss.restored(step, event.round, *event.restored)
             if self.state.sync_grace_until is not None:
                 cutting.cut(step)
         elif isinstance(event, WorkerExited):

@@ -57,6 +57,8 @@ class Round:
     complete: bool = False
     settled: bool = False  # every member reported holding the committed state
     host_failed: bool = False  # a member's host failed while this round was current
+    failed_hosts: set[str] = field(default_factory=set)  # hosts failed while it was current
+    first_failure: str = ""  # the cause of the first of them
     # Membership checks in O(1): a round of N joins must not cost O(N^2).
     member_ids: frozenset[str] = field(init=False)
 
@@ -180,6 +182,8 @@ class JobState:
     elastic_scripts: bool = False  # a worker called er.init(): rounds recover in-process
     restarts: int = 0  # rounds restarted whole after a failure (TORCHELASTIC_RESTART_COUNT)
     restart: Restart | None = None  # the current round's members are being stopped
+    restoring: bool = False  # the next round replaces workers that were all lost (total_loss)
+    lost_round: int = 0  # the last round whose total loss was restarted (counted once)
 
     @property
     def round_number(self) -> int:

@@ -128,6 +128,8 @@ class Step:
         if breaks:
             if current is not None:
                 current.host_failed = True
+                current.failed_hosts.add(host)
+                current.first_failure = current.first_failure or cause
             self.report("round_broken")
             self.break_round(state.round_number)
             self.request_cut(FAILURE_COLLECTION_S)

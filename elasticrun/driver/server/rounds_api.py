@@ -125,8 +125,11 @@ class RoundEndpoints:
 
     async def synced(self, request: web.Request) -> web.Response:
         body = request[PAYLOAD]
+        restored = None
+        if "restored_commit" in body:
+            restored = (p.integer(body, "restored_commit"), p.text(body, "restored_from"))
         return self._report(WorkerSynced(p.string(body, "worker_id"),
-                                         p.integer(body, "round")))
+                                         p.integer(body, "round"), restored))
 
     async def failing(self, request: web.Request) -> web.Response:
         body = request[PAYLOAD]
