@@ -75,7 +75,7 @@ class TorchState(State):
         # Which commit `_saved` holds, counted since the ranks' states were last made equal
         # (None: never). Ranks with the same count hold the same model and optimizer.
         self._generation: int | None = None
-        self.save()
+        self._copy_state()  # what a failure before the first sync rolls back to: no commit
 
     def _object_states(self) -> dict[str, Any]:
         states = {}

@@ -1,0 +1,175 @@
+"""A job that loses every worker at once goes on from its last kept commit (issue 56).
+
+Real jobs on this machine: every worker SIGKILLed (or raising) at the same step, the job
+restarted by the driver from the host snapshot; the same job with nothing kept in memory,
+only --checkpoint-dir; the whole job (driver and workers) killed and its command run again.
+The training script's records (tests/integration/progress.py) prove exactly-once samples and
+that each round resumed from a state, model and optimizer, that was committed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.integration.harness import (
+    PYTHON,
+    SCRIPTS,
+    assert_no_orphans,
+    read_records,
+    run_job,
+    start_job,
+    tagged_pids,
+)
+from tests.integration.progress import check_job
+
+TRAIN = str(SCRIPTS / "elastic_train.py")
+SMALL = {"TRAIN_SAMPLES": "64", "TRAIN_EPOCHS": "3", "TRAIN_BATCH": "4"}
+
+
+def _committed(records: list[dict]) -> set[tuple[int, str, str]]:
+    return {(r["step"], r["hash"], r["optimizer_hash"]) for r in records if r["event"] == "step"}
+
+
+def _round_starts(records: list[dict], number: int) -> set[tuple[int, str, str]]:
+    return {(r["step"], r["hash"], r["optimizer_hash"]) for r in records
+            if r["event"] == "round" and r["round"] == number}
+
+
+def _snapshot_dirs() -> set[str]:
+    return {name for name in os.listdir("/dev/shm") if name.startswith("elasticrun-")}
+
+
+def test_every_worker_killed_at_once_goes_on_from_the_host_snapshot(tmp_path: Path) -> None:
+    before = _snapshot_dirs()
+    result = run_job(["-np", "2", PYTHON, TRAIN], {**SMALL, "FAULTS": "5:all:sigkill"},
+                     log_dir=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = result.records
+    views = check_job(records, samples=64, epochs=3)
+    assert [v.number for v in views] == [1, 2]
+    (start,) = _round_starts(records, 2)  # both ranks from the same state
+    assert start in _committed(records)  # model and optimizer bitwise a committed state
+    assert start[0] in (3, 4)  # the last commit before the kill at step 5, or the one before
+    assert "every worker holding the committed training state was lost" in result.stderr
+    assert "round 2: restored from the snapshot of commit" in result.stderr
+    assert "(host localhost)" in result.stderr
+    assert _snapshot_dirs() <= before  # the job's snapshots went with it
+
+
+def test_every_rank_raising_once_at_the_same_step_goes_on(tmp_path: Path) -> None:
+    """Each rank raises once at step 6 (a rank stopped with its host before it got there
+    raises in the next round instead): every round after the first restores a commit."""
+    result = run_job(["-np", "2", PYTHON, TRAIN], {**SMALL, "FAULTS": "6:all:exception"},
+                     log_dir=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    views = check_job(result.records, samples=64, epochs=3)
+    assert len(views) >= 2
+    for view in views[1:]:
+        (start,) = _round_starts(result.records, view.number)
+        assert start in _committed(result.records) and start[0] in (4, 5)
+
+
+def test_every_rank_raising_every_time_ends_the_job_naming_the_error(tmp_path: Path) -> None:
+    """'*': the fault fires once in each process, so every restarted worker raises again."""
+    result = run_job(["-np", "2", "--max-restarts", "2", PYTHON, TRAIN],
+                     {**SMALL, "FAULTS": "6:*:exception"}, log_dir=tmp_path)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "no restart is left (--max-restarts 2)" in result.stderr
+    assert "ValueError: injected fault at step 6" in result.stderr
+    rounds = {r["round"] for r in result.records if r["event"] == "round"}
+    assert rounds == {1, 2, 3}  # the first round and two restarts, each from the snapshot
+
+
+def test_only_a_checkpoint_dir_is_enough(tmp_path: Path) -> None:
+    checkpoints = tmp_path / "checkpoints"
+    logs = tmp_path / "logs"
+    result = run_job(["-np", "2", "--no-host-snapshots", "--checkpoint-dir", str(checkpoints),
+                      "--checkpoint-interval", "0", PYTHON, TRAIN],
+                     {**SMALL, "FAULTS": "7:all:sigkill", "TRAIN_STEP_SLEEP": "0.05"},
+                     log_dir=logs)
+    assert result.returncode == 0, result.stderr[-3000:]
+    check_job(result.records, samples=64, epochs=3)
+    (start,) = _round_starts(result.records, 2)
+    assert start in _committed(result.records)
+    assert "restored from the snapshot of commit" in result.stderr
+    assert f"(checkpoint dir {checkpoints}" in result.stderr
+    # The last commit was written at the job's end, and only it is kept.
+    files = sorted(p.name for p in checkpoints.iterdir())
+    assert len(files) == 1 and files[0].endswith(".whole.pt"), files
+    content = torch.load(checkpoints / files[0], weights_only=False)
+    final = [r for r in result.records if r["event"] == "final"]
+    assert content["objects"]["step"] == final[0]["step"]
+
+
+def _wait_for_step(progress: Path, step: int, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if json.loads(progress.read_text())[0] >= step:
+                return
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"training did not reach step {step} in {timeout:g}s")
+
+
+def test_the_whole_job_killed_and_run_again_resumes_from_its_checkpoint_dir(
+        tmp_path: Path) -> None:
+    checkpoints = tmp_path / "checkpoints"
+    first_logs, second_logs = tmp_path / "first", tmp_path / "second"
+    first_logs.mkdir()
+    progress = tmp_path / "progress"
+    args = ["-np", "2", "--checkpoint-dir", str(checkpoints), "--checkpoint-interval", "0",
+            PYTHON, TRAIN]
+    env = {**SMALL, "TRAIN_STEP_SLEEP": "0.05", "PROGRESS_FILE": str(progress)}
+    proc, tag = start_job(args, {**env, "LOG_DIR": str(first_logs)})
+    try:
+        _wait_for_step(progress, 12)
+    finally:
+        for pid in [proc.pid, *tagged_pids(tag)]:  # driver and workers, at once
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.communicate(timeout=30)
+    assert_no_orphans(tag)
+    first = list(read_records(first_logs))
+    result = run_job(args, env, log_dir=second_logs)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (start,) = _round_starts(result.records, 1)
+    assert start[0] >= 10 and start in _committed(first), start
+    assert f"round 1: restored from the snapshot of commit" in result.stderr
+    final = [r for r in result.records if r["event"] == "final"]
+    assert final and final[0]["epoch"] == 3
+
+
+def test_a_checkpoint_of_another_model_is_refused_in_one_line(tmp_path: Path) -> None:
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    other = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
+    optimizer = torch.optim.SGD(other.parameters(), lr=0.1, momentum=0.9)
+    torch.save({"format": "elasticrun-commit", "version": 1, "commit": 9, "holding": "whole",
+                "model": other.state_dict(), "optimizer": optimizer.state_dict(),
+                "objects": {"step": 9}}, checkpoints / "commit-000000000009.whole.pt")
+    result = run_job(["-np", "2", "--checkpoint-dir", str(checkpoints), PYTHON, TRAIN],
+                     SMALL, log_dir=tmp_path / "logs")
+    assert result.returncode == 1
+    line = ("CheckpointMismatchError: cannot restore commit 9 from "
+            f"{checkpoints / 'commit-000000000009.whole.pt'}: model parameter '0.weight' is "
+            "[32, 8] float32 in the file, [16, 8] float32 in this model")
+    assert line in result.stderr, result.stderr[-3000:]
+    assert not [r for r in result.records if r["event"] == "step"]  # nothing trained
+
+
+@pytest.mark.parametrize("flag", ["--checkpoint-interval"])
+def test_a_negative_checkpoint_interval_is_one_line(flag: str, tmp_path: Path) -> None:
+    result = run_job(["-np", "1", flag, "-1", PYTHON, "-c", "pass"], timeout=60)
+    assert result.returncode == 2
+    assert "--checkpoint-interval" in result.stderr and "Traceback" not in result.stderr
