@@ -145,7 +145,7 @@ def test_the_whole_job_killed_and_run_again_resumes_from_its_checkpoint_dir(
     assert result.returncode == 0, result.stderr[-3000:]
     (start,) = _round_starts(result.records, 1)
     assert start[0] >= 10 and start in _committed(first), start
-    assert f"round 1: restored from the snapshot of commit" in result.stderr
+    assert "round 1: restored from the snapshot of commit" in result.stderr
     final = [r for r in result.records if r["event"] == "final"]
     assert final and final[0]["epoch"] == 3
 

@@ -221,7 +221,8 @@ def main() -> None:
             "gpu_used": (lambda free, total: total - free)(*torch.cuda.mem_get_info(device))}
         log("round", round=runtime.current().round, rank=er.rank(), size=er.size(),
             step=state.step, epoch=state.epoch, hash=params_hash(model),
-            optimizer_hash=optimizer_hash(optimizer), lr=optimizer.param_groups[0]["lr"], resets=len(resets),
+            optimizer_hash=optimizer_hash(optimizer), lr=optimizer.param_groups[0]["lr"],
+            resets=len(resets),
             backend=session.backend if session else "", **gpu)
         loader = DataLoader(dataset, batch_size=BATCH, sampler=state.sampler)
         while state.epoch < EPOCHS:
