@@ -118,12 +118,13 @@ def prune(directory: Path, keep: CommitFile) -> None:
     with contextlib.suppress(OSError):
         for entry in os.scandir(directory):
             match = _TEMPORARY.match(entry.name)
-            if match and not _alive(int(match.group(1))):
+            if match and not alive(int(match.group(1))):
                 with contextlib.suppress(OSError):
                     os.unlink(entry.path)
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process `pid` exists."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

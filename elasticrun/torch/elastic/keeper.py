@@ -98,6 +98,19 @@ def choose(offers: list[Offer | None]) -> tuple[int, Offer] | None:
     return rank, chosen
 
 
+STAGING_PREFIX = "elasticrun-staging-"
+
+
+def _sweep_staging(root: Path) -> None:
+    """Removes the staging directories of this user's workers that are gone (killed)."""
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(root):
+            pid = entry.name.removeprefix(STAGING_PREFIX)
+            if entry.name.startswith(STAGING_PREFIX) and pid.isdigit() \
+                    and entry.stat().st_uid == os.getuid() and not commit_files.alive(int(pid)):
+                shutil.rmtree(entry.path, ignore_errors=True)
+
+
 class CommitKeeper:
     """The writer thread of one worker (started at its first commit to keep)."""
 
@@ -110,6 +123,9 @@ class CommitKeeper:
         self._thread: threading.Thread | None = None
         self._copier = _CheckpointCopier(settings, self._warn_once)
         self._warned: set[str] = set()
+        # Without host snapshots, a commit on its way to --checkpoint-dir is staged here.
+        self._staging = Path("/dev/shm" if os.path.isdir("/dev/shm") else "/tmp") / \
+            f"{STAGING_PREFIX}{os.getpid()}"
 
     @contextlib.contextmanager
     def hold(self) -> Iterator[None]:
@@ -157,8 +173,9 @@ class CommitKeeper:
         the checkpoint dir)."""
         directory = self.settings.snapshot_dir if keep else None
         if directory is None:
-            directory = Path("/dev/shm" if os.path.isdir("/dev/shm") else "/tmp") / \
-                f"elasticrun-staging-{os.getpid()}"
+            directory = self._staging
+            if not directory.exists():
+                _sweep_staging(directory.parent)
         try:
             directory.mkdir(mode=0o700, parents=True, exist_ok=True)
             written = commit_files.write(directory, commit, holding,
@@ -180,6 +197,7 @@ class CommitKeeper:
             self._wake.wait_for(lambda: self._pending is None and not self._active,
                                 timeout=timeout)
         self._copier.finish(max(0.0, deadline - time.monotonic()))
+        shutil.rmtree(self._staging, ignore_errors=True)
 
     def _warn_once(self, what: str, message: str) -> None:
         if what not in self._warned:
