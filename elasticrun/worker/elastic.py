@@ -17,11 +17,13 @@ from __future__ import annotations
 import copy
 import functools
 import logging
+import os
 import queue
 import traceback
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
+from elasticrun import protocol
 from elasticrun.protocol import HostUpdateResult, Notice
 from elasticrun.worker import timeline
 from elasticrun.worker.client import DriverUnreachableError
@@ -45,6 +47,12 @@ class HostsUpdatedInterrupt(RuntimeError):
 
 class WorkersFailedError(RuntimeError):
     """A collective failed because a peer died, hung or became unreachable."""
+
+
+class SnapshotMissingError(RuntimeError):
+    """Every worker holding the committed state was lost and this round, started to go on
+    from a kept commit, finds none (or its state keeps none): it does not train from
+    scratch in silence."""
 
 
 class CollectiveMismatchError(RuntimeError):
@@ -212,6 +220,7 @@ class ObjectState(State):
         for name, value in values.items():
             setattr(self, name, value)
         self._saved: dict[str, Any] = {}
+        self._synced = False
         self.save()
 
     def save(self) -> None:
@@ -225,6 +234,12 @@ class ObjectState(State):
 
     def sync(self) -> None:
         """Sets every rank's attributes to rank 0's, then saves them."""
+        if not self._synced and os.environ.get(protocol.ENV_RESTORE) == "1":
+            raise SnapshotMissingError(
+                "every worker holding the committed state was lost, and an ObjectState keeps "
+                "no snapshot of its commits (a TorchState does): this round cannot go on from "
+                "the last commit")
+        self._synced = True
         values = self._backend.broadcast_object(
             {name: getattr(self, name) for name in self._names}, 0)
         for name, value in values.items():

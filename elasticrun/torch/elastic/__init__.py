@@ -14,7 +14,6 @@ from elasticrun.torch.collectives import host_vote
 from elasticrun.torch.collectives.negotiation import negotiate
 from elasticrun.torch.collectives.requests import Kind, Request
 from elasticrun.torch.elastic.commit_files import CheckpointMismatchError, load_checkpoint
-from elasticrun.torch.elastic.restoring import SnapshotMissingError
 from elasticrun.torch.elastic.sampler import ElasticSampler
 from elasticrun.torch.elastic.state import TorchState
 from elasticrun.torch.world import place, plane, runtime
@@ -22,6 +21,7 @@ from elasticrun.torch.world.boundary import collective
 from elasticrun.worker.elastic import (
     HostsUpdatedInterrupt,
     ObjectState,
+    SnapshotMissingError,
     State,
     WorkersFailedError,
     run_with,

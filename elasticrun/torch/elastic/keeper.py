@@ -23,7 +23,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -118,7 +118,8 @@ class CommitKeeper:
         self.settings = settings
         self._busy = threading.Lock()  # held while a commit's copies are being written
         self._wake = threading.Condition()
-        self._pending: tuple[int, str, Mapping[str, Any], bool, bool] | None = None
+        self._pending: tuple[int, str, Mapping[str, Any], bool, bool,
+                             Callable[[], None] | None] | None = None
         self._active = False
         self._thread: threading.Thread | None = None
         self._copier = _CheckpointCopier(settings, self._warn_once)
@@ -134,15 +135,16 @@ class CommitKeeper:
             yield
 
     def kept(self, commit: int, holding: str, saved: Mapping[str, Any],
-             host_writer: bool, checkpoint_writer: bool) -> None:
-        """Commit `commit` is in `saved` now: the thread writes it (replacing one not yet
-        started)."""
+             host_writer: bool, checkpoint_writer: bool,
+             ready: Callable[[], None] | None = None) -> None:
+        """Commit `commit` is in `saved` now (once `ready()` returns: copies still in flight
+        on a GPU): the thread writes it, replacing one not yet started."""
         snapshot = host_writer and self.settings.snapshot_dir is not None
         checkpoint = checkpoint_writer and self.settings.checkpoint_dir is not None
         if not snapshot and not checkpoint:
             return
         with self._wake:
-            self._pending = (commit, holding, saved, snapshot, checkpoint)
+            self._pending = (commit, holding, saved, snapshot, checkpoint, ready)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="elasticrun-keeper",
                                                 daemon=True)
@@ -154,11 +156,13 @@ class CommitKeeper:
             with self._wake:
                 while self._pending is None:
                     self._wake.wait()
-                commit, holding, saved, snapshot, checkpoint = self._pending
+                commit, holding, saved, snapshot, checkpoint, ready = self._pending
                 self._pending = None
                 self._active = True
             try:
                 with self._busy:
+                    if ready is not None:
+                        ready()
                     written = self._write_snapshot(commit, holding, saved, snapshot)
                 if written is not None and checkpoint:
                     self._copier.offer(written, keep_source=snapshot)

@@ -26,16 +26,12 @@ from elasticrun.torch.elastic.commit_files import (
 from elasticrun.torch.elastic.keeper import KeepingSettings, Offer
 from elasticrun.torch.world import place, runtime
 from elasticrun.worker import timeline
+from elasticrun.worker.elastic import SnapshotMissingError
 
 if TYPE_CHECKING:
     from elasticrun.torch.elastic.state import TorchState
 
 log = logging.getLogger("elasticrun.worker")
-
-
-class SnapshotMissingError(RuntimeError):
-    """Every worker holding the committed state was lost and no rank of the new round can
-    read a snapshot or checkpoint of it."""
 
 
 def sync_root(state: TorchState, generation: int, checksum: int) -> tuple[int | None, int]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -30,6 +31,16 @@ from elasticrun.worker.elastic import Backend, ObjectState, State
 __all__ = ["ObjectState", "TorchState"]  # Horovod's horovod.torch.elastic.state
 
 _RESERVED = {"model", "optimizer"}
+
+
+def _copies_done() -> Callable[[], None] | None:
+    """What the writer thread waits on before it reads the commit's copies: the copies a
+    commit launched on the GPU (on this thread's stream) are complete then."""
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return None
+    event = torch.cuda.Event()
+    event.record()
+    return event.synchronize
 
 
 def keeper_for(settings: KeepingSettings) -> CommitKeeper | None:
@@ -109,7 +120,7 @@ class TorchState(State):
         if self._keeper is not None and runtime.is_initialized():
             self._keeper.kept(self._commit_number, WHOLE, self._saved,
                               host_writer=place.local_rank() == 0,
-                              checkpoint_writer=place.rank() == 0)
+                              checkpoint_writer=place.rank() == 0, ready=_copies_done())
 
     def _copy_state(self) -> None:
         self._placement.settle()  # the last commit's copies complete before they are reused
