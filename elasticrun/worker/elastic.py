@@ -49,7 +49,12 @@ class WorkersFailedError(RuntimeError):
     """A collective failed because a peer died, hung or became unreachable."""
 
 
-class SnapshotMissingError(RuntimeError):
+class UnrecoverableStateError(RuntimeError):
+    """The committed state cannot be restored (none is left, or the one kept does not fit the
+    model): a restart would fail the same way, so the job ends at once."""
+
+
+class SnapshotMissingError(UnrecoverableStateError):
     """Every worker holding the committed state was lost and this round, started to go on
     from a kept commit, finds none (or its state keeps none): it does not train from
     scratch in silence."""
@@ -108,9 +113,10 @@ class Backend(Protocol):
         """Whether the driver says this worker's round broke (waits at most `within` s)."""
         ...
 
-    def failing(self, failure: str) -> None:
+    def failing(self, failure: str, unrecoverable: bool = False) -> None:
         """This worker's own error ends it (tells the driver, so that its round breaks now
-        rather than once this process is through its teardown). Never raises."""
+        rather than once this process is through its teardown; `unrecoverable`: the job
+        cannot go on, an UnrecoverableStateError). Never raises."""
         ...
 
 
@@ -290,7 +296,8 @@ def run_with(backend: Backend, func: Callable[..., R]) -> Callable[..., R]:
                 if not is_round_failure(backend, exc):
                     timeline.instant("error", "elastic", error=describe_failure(exc))
                     if not isinstance(exc, DriverUnreachableError):
-                        backend.failing(describe_failure(exc))
+                        backend.failing(describe_failure(exc),
+                                        isinstance(exc, UnrecoverableStateError))
                     raise
                 failure = describe_failure(exc)
                 timeline.instant(type(exc).__name__, "elastic", failure=failure)

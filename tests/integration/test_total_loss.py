@@ -208,3 +208,35 @@ def test_a_negative_checkpoint_interval_is_one_line(flag: str, tmp_path: Path) -
     result = run_job(["-np", "1", flag, "-1", PYTHON, "-c", "pass"], timeout=60)
     assert result.returncode == 2
     assert "--checkpoint-interval" in result.stderr and "Traceback" not in result.stderr
+
+
+OBJECT_STATE_ONLY = """
+import os, signal
+import elasticrun.torch as er
+er.init()
+state = er.elastic.ObjectState(step=0)
+
+@er.elastic.run
+def train(state):
+    while state.step < 20:
+        state.step += 1
+        state.commit()
+        if state.step == 3 and not os.environ.get("ELASTICRUN_RESTORE"):
+            os.kill(os.getpid(), signal.SIGKILL)  # every worker of the first round
+
+train(state)
+"""
+
+
+def test_a_total_loss_with_no_snapshot_to_go_on_from_ends_the_job_at_once(
+        tmp_path: Path) -> None:
+    """An ObjectState keeps no snapshot: the restarted round says so and the job ends then,
+    not after every restart --max-restarts allows."""
+    script = tmp_path / "objects.py"
+    script.write_text(OBJECT_STATE_ONLY)
+    result = run_job(["-np", "2", PYTHON, str(script)], timeout=90)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "restart 1 of 3" in result.stderr and "restart 2 of 3" not in result.stderr
+    assert "SnapshotMissingError: every worker holding the committed state was lost, and an " \
+           "ObjectState keeps no snapshot" in result.stderr
+    assert "the job cannot go on from its committed state" in result.stderr

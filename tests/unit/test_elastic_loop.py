@@ -66,8 +66,8 @@ class FakeBackend:
         self.calls.append(("round_broken", within))
         return self.broken
 
-    def failing(self, failure: str) -> None:
-        self.calls.append(("failing", failure))
+    def failing(self, failure: str, unrecoverable: bool = False) -> None:
+        self.calls.append(("failing", failure) + (("unrecoverable",) if unrecoverable else ()))
 
     def named(self, name: str) -> list[tuple[Any, ...]]:
         return [call[1:] for call in self.calls if call[0] == name]

@@ -30,8 +30,9 @@ class DriverMetrics:
         self.rounds = Counter("elasticrun_rounds", "Rounds opened.", registry=r)
         self.resets = Counter("elasticrun_resets", "Rounds opened after the first.", registry=r)
         self.restarts = Counter(
-            "elasticrun_restarts", "Rounds of scripts that never call er.init() restarted "
-            "whole after a failure (counted against --max-restarts).", registry=r)
+            "elasticrun_restarts", "Restarts counted against --max-restarts: rounds of "
+            "scripts that never call er.init() restarted whole after a failure, and jobs "
+            "restarted from a kept commit after losing every worker.", registry=r)
         self.worker_failures = Counter(
             "elasticrun_worker_failures", "Workers that failed, by cause.", ["cause"], registry=r)
         self.hosts_blacklisted = Counter(

@@ -132,6 +132,7 @@ class WorkerFailing:
 
     worker: str
     failure: str
+    unrecoverable: bool = False  # the committed state cannot be restored: the job ends
 
 
 @dataclass(frozen=True)

@@ -237,6 +237,9 @@ def _worker_failing(step: Step, event: WorkerFailing) -> None:
     _forget(step, worker.id)
     cause = f"rank {worker.rank} on host {worker.slot.host} failed: {event.failure}"
     step.record_failure(worker, cause, "exception", rank=worker.rank)
+    if event.unrecoverable:  # a restart would fail the same way
+        step.fail(f"{cause}; the job cannot go on from its committed state")
+        return
     _failed(step, worker, cause, "exception")
 
 

@@ -134,7 +134,8 @@ class RoundEndpoints:
     async def failing(self, request: web.Request) -> web.Response:
         body = request[PAYLOAD]
         return self._report(WorkerFailing(p.string(body, "worker_id"),
-                                          p.text(body, "failure")))
+                                          p.text(body, "failure"),
+                                          p.flag(body, "unrecoverable")))
 
     async def init_called(self, request: web.Request) -> web.Response:
         body = request[PAYLOAD]

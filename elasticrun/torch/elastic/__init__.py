@@ -13,7 +13,11 @@ from elasticrun.torch import functions
 from elasticrun.torch.collectives import host_vote
 from elasticrun.torch.collectives.negotiation import negotiate
 from elasticrun.torch.collectives.requests import Kind, Request
-from elasticrun.torch.elastic.commit_files import CheckpointMismatchError, load_checkpoint
+from elasticrun.torch.elastic.commit_files import (
+    CheckpointMismatchError,
+    UnreadableCommitError,
+    load_checkpoint,
+)
 from elasticrun.torch.elastic.sampler import ElasticSampler
 from elasticrun.torch.elastic.state import TorchState
 from elasticrun.torch.world import place, plane, runtime
@@ -79,8 +83,8 @@ class TorchBackend:
     def round_broken(self, within: float) -> bool:
         return runtime.current().round_broken(within)
 
-    def failing(self, failure: str) -> None:
-        runtime.current().failing(failure)
+    def failing(self, failure: str, unrecoverable: bool = False) -> None:
+        runtime.current().failing(failure, unrecoverable)
 
 
 _backend = TorchBackend()
@@ -94,6 +98,6 @@ def run(func: Callable[..., R]) -> Callable[..., R]:
 
 __all__ = [
     "CheckpointMismatchError", "ElasticSampler", "HostsUpdatedInterrupt", "ObjectState",
-    "SnapshotMissingError", "State", "TorchBackend", "TorchState", "WorkersFailedError",
-    "load_checkpoint", "run",
+    "SnapshotMissingError", "State", "TorchBackend", "TorchState", "UnreadableCommitError",
+    "WorkersFailedError", "load_checkpoint", "run",
 ]

@@ -9,8 +9,7 @@ write its shard) and "format"/"version".
 
 A file is whole or absent: it is written under a temporary name, flushed (fsynced where it
 must survive the machine), then renamed; a writer killed midway leaves only a temporary
-file, which readers never take and the next writer removes. The zip container's CRC-32 of
-every record is checked when a file is read.
+file, which readers never take and the next writer removes.
 """
 
 from __future__ import annotations
@@ -25,6 +24,8 @@ from typing import Any
 
 import torch
 
+from elasticrun.worker.elastic import UnrecoverableStateError
+
 FORMAT = "elasticrun-commit"
 VERSION = 1
 WHOLE = "whole"  # every rank holds the whole state (data parallelism)
@@ -32,12 +33,12 @@ _NAME = re.compile(r"^commit-(\d{12})\.([A-Za-z0-9_.-]+)\.pt$")
 _TEMPORARY = re.compile(r"^\.commit-.*\.tmp-(\d+)$")
 
 
-class CheckpointMismatchError(RuntimeError):
+class CheckpointMismatchError(UnrecoverableStateError):
     """A snapshot or checkpoint holds a model or optimizer of another shape than this job's:
     refused before anything is loaded."""
 
 
-class UnreadableCommitError(RuntimeError):
+class UnreadableCommitError(UnrecoverableStateError):
     """A file that is not a complete elasticrun commit (another format, a damaged one)."""
 
 
@@ -138,8 +139,9 @@ def read(path: Path) -> dict[str, Any]:
     """A commit file's content (tensors on the CPU)."""
     try:
         content = torch.load(path, map_location="cpu", weights_only=False)
-    except (OSError, RuntimeError, EOFError, ValueError) as exc:
-        raise UnreadableCommitError(f"{path}: not a readable elasticrun commit ({exc})") \
+    except Exception as exc:  # torch.load fails in many ways on a file that is not whole
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UnreadableCommitError(f"{path}: not a readable elasticrun commit ({first})") \
             from None
     if not isinstance(content, dict) or content.get("format") != FORMAT:
         raise UnreadableCommitError(f"{path}: not an elasticrun commit file")

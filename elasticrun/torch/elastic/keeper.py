@@ -262,7 +262,7 @@ class _CheckpointCopier:
         temporary = directory / f".{final.name}.tmp-{os.getpid()}"
         try:
             with source:
-                directory.mkdir(parents=True, exist_ok=True)
+                directory.mkdir(mode=0o700, parents=True, exist_ok=True)
                 with open(temporary, "wb") as target:
                     shutil.copyfileobj(source, target, 8 << 20)
                     target.flush()

@@ -202,13 +202,15 @@ class Runtime:
         raises HostsUpdatedInterrupt for them)."""
         return [] if self.notices is None else self.notices.notices_after(self.notice_seq)
 
-    def failing(self, failure: str) -> None:
-        """Tells the driver that this worker's own error ends it (best effort)."""
+    def failing(self, failure: str, unrecoverable: bool = False) -> None:
+        """Tells the driver that this worker's own error ends it (best effort);
+        `unrecoverable`: the job cannot go on from its committed state."""
         if self.client is None:
             return
         try:
             self.client.call(protocol.PATH_FAILING,
-                             {"worker_id": self.worker_id, "failure": failure})
+                             {"worker_id": self.worker_id, "failure": failure,
+                              "unrecoverable": unrecoverable})
         except (RequestRefusedError, DriverUnreachableError) as exc:
             log.debug("the driver did not take the failure report: %s", exc)
 
