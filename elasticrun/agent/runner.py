@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import shutil
 import signal
 import time
 from dataclasses import dataclass
@@ -151,8 +152,11 @@ class Agent:
                   self.settings.drain_timeout, len(self._workers))
         asyncio.get_running_loop().create_task(self._stop_and_finish(1))
 
-    async def _stop_and_finish(self, code: int) -> None:
+    async def _stop_and_finish(self, code: int, job_over: bool = False) -> None:
         await self._workers.stop_all(self.settings.stop_grace)
+        if job_over:  # the snapshots of its commits kept on this host are of no more use
+            for directory in self._workers.snapshot_dirs:
+                shutil.rmtree(directory, ignore_errors=True)
         self._finish(code)
 
     # --- connections -------------------------------------------------------------------------
@@ -282,7 +286,7 @@ class Agent:
             # Not awaited here: the driver hangs up meanwhile, and the end of this connection
             # must not cut the stop short (and leave the agent reconnecting to no driver).
             self._ending = asyncio.get_running_loop().create_task(
-                self._stop_and_finish(self._end_code(message.code)))
+                self._stop_and_finish(self._end_code(message.code), job_over=True))
 
     def _end_code(self, job_code: int) -> int:
         """The agent's exit code at the job's end (the job's own code: 0 success, 1

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from elasticrun import protocol
 from elasticrun.errors import SpawnError
 from elasticrun.launch import agent_wire as wire
 from elasticrun.launch.base import launcher_env
@@ -53,6 +54,8 @@ class AgentWorkers:
         self._stop_when_started: dict[str, float] = {}  # worker id: its stop's grace
         self._base_env = launcher_env(os.environ)  # the agent token stays with the agent
         self.changed = asyncio.Event()  # a worker started or ended
+        # Where the job's workers here keep snapshots of its commits (removed at its end).
+        self.snapshot_dirs: set[str] = set()
         self._forker = Forker(signal.SIGKILL, die_with_parent(signal.SIGKILL))
 
     def ids(self) -> list[str]:
@@ -73,6 +76,8 @@ class AgentWorkers:
     async def _start(self, message: wire.Start) -> None:
         try:
             env = {**self._base_env, **wire.unseal(self._token, message.worker, message.env)}
+            if env.get(protocol.ENV_SNAPSHOT_DIR):
+                self.snapshot_dirs.add(env[protocol.ENV_SNAPSHOT_DIR])
             cwd = self._working_dir or Path(message.cwd)
             process = await self._forker.start(message.command, env, cwd) \
                 or await start_local(message.command, env, cwd, signal.SIGKILL)

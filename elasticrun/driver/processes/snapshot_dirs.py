@@ -2,9 +2,9 @@
 
 Host memory (/dev/shm, a tmpfs) outlives every worker process of the host, not the host;
 the directory is named by the job's id, which a resumed driver keeps, so that a driver
-restarted after losing every worker finds them. The driver removes this machine's directory
-when the job ends; on other hosts, `elasticrun agent` and the SSH worker template remove
-theirs when they end.
+restarted after losing every worker finds them. When the job ends, the driver removes this
+machine's directory, `elasticrun agent` its host's, the SSH launcher's worker template its
+host's (when it ends). A driver killed outright leaves them for a --resume.
 """
 
 from __future__ import annotations
