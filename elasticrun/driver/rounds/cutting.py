@@ -48,6 +48,12 @@ def cut(step: Step) -> None:
         return  # a resumed driver cuts once it knows who is back (resume.py cuts then)
     state.cut_at = None
     state.phase = JobPhase.RECOVERING
+    if state.unrecoverable is not None:
+        worker_id, cause = state.unrecoverable
+        worker = state.workers.get(worker_id)
+        if worker is None or not worker.alive:  # (alive: its exit cuts again, machine.py)
+            step.fail(f"{cause}; the job cannot go on from its committed state")
+        return
     if restarts.hold(step):
         return  # a plain round's members are being stopped: the next round follows them
     if not restarts.settle(step):
@@ -55,10 +61,11 @@ def cut(step: Step) -> None:
     if planner.state_lost(state, now):
         # Reports of workers that synced just before the failure may still be in flight;
         # with no worker of the job alive, none can be.
-        if state.sync_grace_until is None and any(w.alive for w in state.workers.values()):
+        anyone_alive = any(w.alive for w in state.workers.values())
+        if state.sync_grace_until is None and anyone_alive:
             state.sync_grace_until = now + SYNC_REPORT_WAIT_S
             step.timer(TimerKind.SYNC_REPORTS_DUE, state.sync_grace_until)
-        if state.sync_grace_until is not None and now < state.sync_grace_until:
+        if state.sync_grace_until is not None and now < state.sync_grace_until and anyone_alive:
             return
         state.sync_grace_until = None
         if not total_loss.restart(step):

@@ -207,5 +207,6 @@ def synced(step: Step, worker_id: str, number: int) -> None:
     current.synced.add(worker_id)
     if len(current.synced) == len(current.member_ids):
         current.settled = True  # leaving workers are not needed any more
+        state.failed_unsettled.clear()
         reevaluate(step)
         growth.plan(step)

@@ -80,6 +80,7 @@ class RoundMachine:
             joins.synced(step, event.worker, event.round)
             if event.restored is not None:
                 total_loss.restored(step, event.round, *event.restored)
+            self.state.restoring = False  # a member holds the state now
             if self.state.sync_grace_until is not None:
                 cutting.cut(step)
         elif isinstance(event, WorkerExited):
@@ -187,8 +188,12 @@ def _spawn_failed(step: Step, event: SpawnFailed) -> None:
 
 
 def _after_exit(step: Step) -> None:
-    """A worker is gone: a restart waiting for its round's members may go on."""
-    if restarts.all_gone(step.state, step.now):
+    """A worker is gone: a restart waiting for its round's members may go on, and so may a
+    cut waiting for sync reports (with no worker alive, none can come)."""
+    state = step.state
+    waiting_for_reports = state.sync_grace_until is not None
+    if restarts.all_gone(state, step.now) or state.unrecoverable is not None or (
+            waiting_for_reports and not any(w.alive for w in state.workers.values())):
         cutting.cut(step)
 
 
@@ -237,9 +242,8 @@ def _worker_failing(step: Step, event: WorkerFailing) -> None:
     _forget(step, worker.id)
     cause = f"rank {worker.rank} on host {worker.slot.host} failed: {event.failure}"
     step.record_failure(worker, cause, "exception", rank=worker.rank)
-    if event.unrecoverable:  # a restart would fail the same way
-        step.fail(f"{cause}; the job cannot go on from its committed state")
-        return
+    if event.unrecoverable and step.state.unrecoverable is None:
+        step.state.unrecoverable = (worker.id, cause)  # a restart would fail the same way
     _failed(step, worker, cause, "exception")
 
 

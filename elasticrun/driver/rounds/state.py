@@ -183,7 +183,13 @@ class JobState:
     restarts: int = 0  # rounds restarted whole after a failure (TORCHELASTIC_RESTART_COUNT)
     restart: Restart | None = None  # the current round's members are being stopped
     restoring: bool = False  # the next round replaces workers that were all lost (total_loss)
+    # (worker id, cause): a worker cannot restore the committed state (UnrecoverableStateError):
+    # the job ends once that worker has exited (its traceback printed).
+    unrecoverable: tuple[str, str] | None = None
     lost_round: int = 0  # the last round whose total loss was restarted (counted once)
+    # Hosts failed since a round last settled (every member synced): a total loss gives them
+    # back, whichever of the rounds opened meanwhile (from workers already dead) they failed in.
+    failed_unsettled: set[str] = field(default_factory=set)
 
     @property
     def round_number(self) -> int:

@@ -130,6 +130,7 @@ class Step:
                 current.host_failed = True
                 current.failed_hosts.add(host)
                 current.first_failure = current.first_failure or cause
+            state.failed_unsettled.add(host)
             self.report("round_broken")
             self.break_round(state.round_number)
             self.request_cut(FAILURE_COLLECTION_S)

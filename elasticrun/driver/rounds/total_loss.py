@@ -7,15 +7,19 @@ the driver starts a new round with new workers in the slots the hosts offer, tol
 (ENV_RESTORE): their first sync restores the newest complete kept commit (restoring.py).
 
 The rules:
-- The hosts whose failures made the loss are given back for the restart (their count of
-  failures kept): when every worker goes at once, no host is to blame in particular, and
-  blacklisting them all would leave the job nowhere to go (on one machine, nothing). A host
-  that really is broken fails the restarted round again.
+- The hosts whose failures made the loss (those failed since a round last settled: rounds
+  opened meanwhile from workers not yet known dead count too) are given back for the
+  restart (their count of failures kept): when every worker goes at once, no host is to
+  blame in particular, and blacklisting them all would leave the job nowhere to go (on one
+  machine, nothing). A host that really is broken fails the restarted round again.
 - Such restarts count against --max-restarts, as restarts of a plain round do; with none
   left, the job ends, naming the failure: a failure that repeats on every rank after every
   restart ends the job after --max-restarts restarts.
 - With nothing kept (--no-host-snapshots and no --checkpoint-dir), the job stops as before:
   a new round would train from scratch in silence.
+- A restarted round that finds no kept commit, or one that does not fit the model, ends the
+  job at once (its workers report an UnrecoverableStateError: machine.py), rather than
+  spending every restart on the same outcome.
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ def restart(step: Step) -> bool:
     state.lost_round = lost.number if lost is not None else 0
     state.restoring = True
     state.storm.clear()
-    given_back = sorted(lost.failed_hosts) if lost is not None else []
+    given_back = sorted(state.failed_unsettled | (lost.failed_hosts if lost else set()))
     for host in given_back:
         state.hosts.give_back(host)
     hosts = f"; hosts given back: {', '.join(given_back)}" if given_back else ""
