@@ -35,7 +35,7 @@ R = TypeVar("R")
 # How long a worker whose own collective failed waits for the driver to say whether its
 # round broke, before it takes the error for its own and dies with it.
 BROKEN_ROUND_WAIT_S = 3.0
-FAILURE_TEXT_LIMIT = 200
+FAILURE_TEXT_LIMIT = 400  # room for a path or two (the driver keeps 500)
 
 
 class HostsUpdatedInterrupt(RuntimeError):
@@ -240,14 +240,16 @@ class ObjectState(State):
 
     def sync(self) -> None:
         """Sets every rank's attributes to rank 0's, then saves them."""
-        if not self._synced and os.environ.get(protocol.ENV_RESTORE) == "1":
+        values, held = self._backend.broadcast_object(
+            ({name: getattr(self, name) for name in self._names}, self._synced), 0)
+        # Rank 0 holds the committed state whenever a member does. A worker started to replace
+        # workers that were all lost finds none: it must not go on from scratch.
+        if not held and os.environ.get(protocol.ENV_RESTORE) == "1":
             raise SnapshotMissingError(
                 "every worker holding the committed state was lost, and an ObjectState keeps "
                 "no snapshot of its commits (a TorchState does): this round cannot go on from "
                 "the last commit")
         self._synced = True
-        values = self._backend.broadcast_object(
-            {name: getattr(self, name) for name in self._names}, 0)
         for name, value in values.items():
             setattr(self, name, value)
         self.save()

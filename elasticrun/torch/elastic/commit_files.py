@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,6 +139,10 @@ def alive(pid: int) -> bool:
 def read(path: Path) -> dict[str, Any]:
     """A commit file's content (tensors on the CPU)."""
     try:
+        with zipfile.ZipFile(path) as archive:  # torch.load checks no CRC: a flipped bit
+            damaged = archive.testzip()          # would load silently
+        if damaged is not None:
+            raise ValueError(f"record {damaged} is damaged (CRC-32)")
         content = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as exc:  # torch.load fails in many ways on a file that is not whole
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

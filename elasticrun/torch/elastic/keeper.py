@@ -166,6 +166,9 @@ class CommitKeeper:
                     written = self._write_snapshot(commit, holding, saved, snapshot)
                 if written is not None and checkpoint:
                     self._copier.offer(written, keep_source=snapshot)
+            except Exception as exc:  # this commit is not kept; the next ones still are
+                self._warn_once("keeping", f"commit {commit} could not be kept: "
+                                           f"{type(exc).__name__}: {exc}")
             finally:
                 with self._wake:
                     self._active = False
@@ -187,10 +190,11 @@ class CommitKeeper:
                                          durable=False)
             commit_files.prune(directory, written)
             return written
-        except (OSError, RuntimeError) as exc:  # torch.save reports a full disk as either
+        except Exception as exc:  # a full disk (OSError, RuntimeError), an unpicklable object
             self._warn_once("snapshot", f"commit {commit} could not be kept in {directory} "
                                         f"({getattr(exc, 'strerror', None) or exc}); no host "
-                                        f"snapshot of it (is /dev/shm big enough?)")
+                                        f"snapshot of it (is /dev/shm big enough? can every "
+                                        f"committed object be pickled?)")
             return None
 
     def flush(self, timeout: float = 60.0) -> None:

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 from elasticrun.torch import functions
 from elasticrun.torch.elastic import commit_files, keeper
 from elasticrun.torch.elastic.commit_files import (
-    WHOLE,
     CheckpointMismatchError,
     UnreadableCommitError,
 )
@@ -38,7 +37,7 @@ def sync_root(state: TorchState, generation: int, checksum: int) -> tuple[int | 
     """The rank whose state the round takes (None: every rank holds the same commit, nothing
     to send), and the ranks' commit generation after the sync."""
     settings = state.keeping_settings
-    mine = keeper.offer(settings, WHOLE) if generation < 0 and settings.keeps else None
+    mine = keeper.offer(settings, state.holding) if generation < 0 and settings.keeps else None
     if mine is not None:
         mine = Offer(mine.commit, mine.place, mine.path, _hostname())
     views = functions.allgather_object((generation, checksum, mine))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -30,7 +31,8 @@ from elasticrun.worker.elastic import Backend, ObjectState, State
 
 __all__ = ["ObjectState", "TorchState"]  # Horovod's horovod.torch.elastic.state
 
-_RESERVED = {"model", "optimizer"}
+_RESERVED = {"model", "optimizer", "holding"}
+_made = itertools.count()  # TorchStates made in this process
 
 
 def _copies_done() -> Callable[[], None] | None:
@@ -81,6 +83,11 @@ class TorchState(State):
         self._saved: dict[str, Any] = {}
         # The job's count of commits (kept in snapshots and synced from the root).
         self._commit_number = 0
+        # What this state's kept commits are named by: the state's place among the process's
+        # TorchStates (scripts make them in the same order on every rank and after a
+        # restart), so that one state never restores another's commits.
+        made = next(_made)
+        self.holding = WHOLE if made == 0 else f"{WHOLE}-{made}"
         self._settings = KeepingSettings.from_env()
         self._keeper = keeper_for(self._settings)
         # Which commit `_saved` holds, counted since the ranks' states were last made equal
@@ -118,7 +125,7 @@ class TorchState(State):
 
     def _keep(self) -> None:
         if self._keeper is not None and runtime.is_initialized():
-            self._keeper.kept(self._commit_number, WHOLE, self._saved,
+            self._keeper.kept(self._commit_number, self.holding, self._saved,
                               host_writer=place.local_rank() == 0,
                               checkpoint_writer=place.rank() == 0, ready=_copies_done())
 
