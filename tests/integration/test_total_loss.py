@@ -161,7 +161,6 @@ def test_the_whole_job_killed_and_run_again_resumes_from_its_checkpoint_dir(
     args = ["-np", "2", "--checkpoint-dir", str(checkpoints), "--checkpoint-interval", "0",
             PYTHON, TRAIN]
     env = {**SMALL, "TRAIN_STEP_SLEEP": "0.05", "PROGRESS_FILE": str(progress)}
-    before = _snapshot_dirs()
     proc, tag = start_job(args, {**env, "LOG_DIR": str(first_logs)})
     try:
         _wait_for_step(progress, 12)
@@ -171,9 +170,9 @@ def test_the_whole_job_killed_and_run_again_resumes_from_its_checkpoint_dir(
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        proc.communicate(timeout=30)
-        for name in _snapshot_dirs() - before:  # kept for a --resume that will not come
-            shutil.rmtree(Path("/dev/shm", name), ignore_errors=True)
+        _, stderr = proc.communicate(timeout=30)
+        # kept for a --resume that will not come
+        shutil.rmtree(_job_snapshot_dir(stderr), ignore_errors=True)
     assert_no_orphans(tag)
     first = list(read_records(first_logs))
     result = run_job(args, env, log_dir=second_logs)
@@ -240,3 +239,38 @@ def test_a_total_loss_with_no_snapshot_to_go_on_from_ends_the_job_at_once(
     assert "SnapshotMissingError: every worker holding the committed state was lost, and an " \
            "ObjectState keeps no snapshot" in result.stderr
     assert "the job cannot go on from its committed state" in result.stderr
+
+
+TWO_STATES = """
+import torch
+import elasticrun.torch as er
+er.init()
+model = torch.nn.Linear(2, 2)
+first = er.elastic.TorchState(model, torch.optim.SGD(model.parameters(), lr=0.1), step=0)
+
+@er.elastic.run
+def train(state):
+    for _ in range(3):
+        state.step += 1
+        state.commit()
+
+train(first)
+second = er.elastic.TorchState(batch=20)  # a state made later, in the same process
+
+@er.elastic.run
+def check(state):
+    print("second state after its sync:", state.batch, flush=True)
+
+check(second)
+"""
+
+
+def test_a_state_made_later_never_restores_another_states_commits(tmp_path: Path) -> None:
+    """Kept commits are named by the state's place among the process's TorchStates: the
+    second one's first sync finds none of its own (Horovod's tests make one per test)."""
+    script = tmp_path / "two_states.py"
+    script.write_text(TWO_STATES)
+    result = run_job(["-np", "2", PYTHON, str(script)], timeout=90)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("second state after its sync: 20") == 2, result.stdout
+    assert "restored" not in result.stderr

@@ -96,6 +96,8 @@ def test_build_status() -> None:
         "world_size": 7,
         "resets": 2,
         "reset_limit": 10,
+        "restarts": 0,
+        "last_restore": None,
         "np": 4, "min_np": 2, "max_np": 7,
         "hosts": [
             {"host": "a", "slots": 2, "state": "active", "ranks": [0, 1]},
@@ -117,6 +119,13 @@ def test_build_status() -> None:
         "discovery": {"source": "host-change webhook", "last_error": None},
     }
     json.dumps(status)  # serialisable as it is
+
+
+def test_build_status_after_a_total_loss_says_what_was_restored() -> None:
+    restore = {"round": 4, "commit": 12, "source": "host a"}
+    status = build_status(replace(view(), restarts=1, last_restore=restore))
+    assert (status["restarts"], status["last_restore"]) == (1, restore)
+    json.dumps(status)
 
 
 def test_build_status_before_the_first_round() -> None:
