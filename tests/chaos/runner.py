@@ -2,11 +2,13 @@
 faults at random moments, then checks that nothing was lost.
 
 Faults: SIGKILL of a worker, an exception in a worker, SIGSTOP of a worker (a hang, found
-by hang detection), removal and return of hosts through discovery, and a discovery
-script that fails or hangs for a while. After each fault the runner waits until training
-has moved on (3 steps), so every fault counts only if the job survived it; that wait is
-the fault's recovery time, reported by kind. CHAOS_HANG_DETECTION=0 runs the job as it
-ran before hang detection (--no-hang-detection --collective-timeout 4), for comparison.
+by hang detection), SIGKILL of every worker at once (a total loss: the job goes on from the
+host snapshot of a commit, which the driver's defaults keep), removal and return of hosts
+through discovery, and a discovery script that fails or hangs for a while. After each
+fault the runner waits until training has moved on (3 steps), so every fault counts only
+if the job survived it; that wait is the fault's recovery time, reported by kind.
+CHAOS_HANG_DETECTION=0 runs the job as it ran before hang detection (--no-hang-detection
+--collective-timeout 4), for comparison.
 
 Used by tests/chaos/test_chaos.py (a short CI run, and the long mode by hand:
 CHAOS_FAULTS=100 python -m pytest tests/chaos -s).
@@ -27,11 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from tests.integration.harness import PYTHON, REPO, SCRIPTS, job_env, read_records
+from tests.integration.harness import PYTHON, REPO, SCRIPTS, TAG_VAR, env_of, job_env, read_records
 
 KINDS = {  # fault -> weight
-    "sigkill": 4, "exception": 4, "sigstop": 1, "remove_host": 2, "add_host": 2,
-    "discovery_fails": 1, "discovery_hangs": 1,
+    "sigkill": 3, "sigkill_all": 1, "exception": 4, "sigstop": 1, "remove_host": 2,
+    "add_host": 2, "discovery_fails": 1, "discovery_hangs": 1,
 }
 MIN_NP = 2
 # Without hang detection, a SIGSTOP is found by the collective timeout: kept short then.
@@ -57,6 +59,8 @@ class ChaosReport:
     seed: int
     injected: list[tuple[float, str, str]] = field(default_factory=list)
     recovered_s: list[float] = field(default_factory=list)  # per fault: until 3 steps later
+    # per sigkill_all: the step rank 0 had reported committed just before every worker died
+    lost_at_step: list[int] = field(default_factory=list)
     driver_rss_kb: list[int] = field(default_factory=list)
     returncode: int | None = None
     stdout: str = ""
@@ -108,7 +112,7 @@ class Chaos:
         self._planned.insert(self._planned.index("remove_host"), "add_host")
 
     # --- the job --------------------------------------------------------------------------
-    def start(self) -> None:
+    def start(self, max_restarts: int) -> None:
         self._write_hosts()
         (self.dir / "discovery_mode").write_text("ok")
         script = self.dir / "discover.py"
@@ -127,7 +131,8 @@ class Chaos:
             "-np", "4", "--min-np", str(MIN_NP), "--max-np", "6",
             "--host-discovery-script", str(script), "--discovery-interval", "0.5",
             "--discovery-timeout", "2", *self.hang_flags, "--start-timeout", "60",
-            "--blacklist-cooldown-range", "2", "4", *self.state_flags,
+            "--blacklist-cooldown-range", "2", "4", "--max-restarts", str(max_restarts),
+            *self.state_flags,
             PYTHON, str(SCRIPTS / "elastic_train.py")])
 
     def _driver(self, args: list[str]) -> None:
@@ -143,7 +148,7 @@ class Chaos:
         self._drains += drains
 
     def run(self, faults: int) -> ChaosReport:
-        self.start()
+        self.start(max_restarts=faults)  # a total loss counts as a restart: room for each
         try:
             self._wait_progress(after=0, steps=3)
             for _ in range(faults):
@@ -220,6 +225,18 @@ class Chaos:
         (self.logs / f"raise-{pid}").touch()
         return f"pid {pid}"
 
+    def _sigkill_all(self) -> str | None:
+        """Every worker of the job SIGKILLed at once, the latest round's and any started
+        since: no live worker holds the commit, and the driver restarts from a snapshot."""
+        if not any(_alive(r["pid"]) for r in self._latest_round()):
+            return None
+        step = self._step()
+        pids = self._workers()
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        self.report.lost_at_step.append(step)
+        return f"{len(pids)} workers at step {step}"
+
     def _sigstop(self) -> str | None:
         pid = self._victim()
         if pid is None:
@@ -262,17 +279,25 @@ class Chaos:
     def _victim(self) -> int | None:
         """A running worker of the latest round (from the training records), unless all of
         that round runs on one host: losing a worker loses its host, and losing every
-        worker that holds the state stops the job on purpose (tests/integration/
-        test_hangs.py checks that); the soak is about surviving."""
-        rounds = [r for r in read_records(self.logs) if r["event"] == "round"]
-        if not rounds:
+        worker that holds the state is a total loss, a fault of its own (sigkill_all)."""
+        members = self._latest_round()
+        if len({r["host"] for r in members}) < 2:
             return None
-        latest = max(r["round"] for r in rounds)
-        if len({r["host"] for r in rounds if r["round"] == latest}) < 2:
-            return None
-        pids = sorted({r["pid"] for r in rounds if r["round"] == latest})
-        alive = [pid for pid in pids if _state(pid) in ("R", "S", "D")]
+        alive = [pid for pid in sorted({r["pid"] for r in members}) if _alive(pid)]
         return self.rng.choice(alive) if alive else None
+
+    def _latest_round(self) -> list[dict]:
+        """The "round" records of the latest round (none before the first)."""
+        rounds = [r for r in read_records(self.logs) if r["event"] == "round"]
+        latest = max((r["round"] for r in rounds), default=None)
+        return [r for r in rounds if r["round"] == latest]
+
+    def _workers(self) -> list[int]:
+        """Every worker process of the job still there, a stopped one too; the tag, since
+        the pid of a worker long gone may be another process's now."""
+        started = {r["pid"] for r in read_records(self.logs) if r["event"] == "start"}
+        return [pid for pid in sorted(started) if _state(pid) in ("R", "S", "D", "T", "t")
+                and env_of(pid).get(TAG_VAR) == self.tag]
 
     # --- helpers ----------------------------------------------------------------------------
     def _write_hosts(self) -> None:
@@ -316,6 +341,10 @@ def _drain(stream: IO[str] | None, sink: list[str]) -> None:
     if stream is not None:
         for line in stream:
             sink.append(line)
+
+
+def _alive(pid: int) -> bool:
+    return _state(pid) in ("R", "S", "D")
 
 
 def _state(pid: int) -> str:
