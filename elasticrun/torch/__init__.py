@@ -88,7 +88,7 @@ from elasticrun.torch.world.place import (
 )
 from elasticrun.torch.world.plane import process_group_for
 from elasticrun.torch.world.runtime import is_initialized, shutdown
-from elasticrun.worker.elastic import WorkersFailedError
+from elasticrun.worker.elastic import CollectiveMismatchError, WorkersFailedError
 from elasticrun.worker.timeline import start_timeline, stop_timeline
 
 # Horovod's collectives raise HorovodInternalError when a peer fails; elasticrun's raise
@@ -122,7 +122,8 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "Adasum", "Average", "Compression", "DistributedOptimizer", "HorovodInternalError", "Max",
+    "Adasum", "Average", "CollectiveMismatchError", "Compression", "DistributedOptimizer",
+    "HorovodInternalError", "Max",
     "Min", "ProcessSet", "Product", "ReduceOp", "Sum", "SyncBatchNorm", "add_process_set",
     "allgather", "allgather_async", "allgather_object", "allreduce", "allreduce_",
     "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async", "barrier",

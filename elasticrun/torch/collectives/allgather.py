@@ -12,7 +12,6 @@ import torch
 from elasticrun.torch.collectives import handles
 from elasticrun.torch.collectives.allreduce import allreduce
 from elasticrun.torch.collectives.fusion import nbytes
-from elasticrun.torch.collectives.negotiation import negotiate
 from elasticrun.torch.collectives.process_sets import (
     ProcessSet,
     check,
@@ -40,20 +39,30 @@ def allgather_async(tensor: torch.Tensor, name: str | None = None,
                     process_set: ProcessSet | None = global_process_set) -> int:
     """Starts concatenating every rank's `tensor` along the first dimension (which may
     differ per rank); returns a handle."""
+    return handles.register(_start(tensor, name, process_set, deferrable=True))
+
+
+def _start(tensor: torch.Tensor, name: str | None, process_set: ProcessSet | None,
+           deferrable: bool) -> handles.Pending:
     within = scope(process_set, "allgather")
-    size = within.size
     problem: BaseException | None = None
     if tensor.dim() == 0:
         problem = ValueError("allgather needs a tensor with at least one dimension (Horovod: "
                              "tried to ALLGATHER a rank-zero tensor)")
     problem = problem or handles.name_problem(name)
-    negotiate(Request(Kind.ALLGATHER, dtypes=(tensor.dtype,), shapes=(tuple(tensor.shape),),
+    request = Request(Kind.ALLGATHER, dtypes=(tensor.dtype,), shapes=(tuple(tensor.shape),),
                       device="GPU" if tensor.is_cuda else "CPU", name=name,
-                      error=str(problem) if problem else ""), problem, within)
+                      error=str(problem) if problem else "")
+    return handles.submit(request, problem, within, lambda: _launch(tensor, name, within),
+                          deferrable)
+
+
+def _launch(tensor: torch.Tensor, name: str | None, within: Scope) -> handles.Pending:
+    size = within.size
     what = f"allgather {name or ''}".strip()
     if size == 1:
         result = tensor.detach().clone()
-        return handles.register(handles.Pending(what, [], lambda: result, name=name))
+        return handles.Pending(what, [], lambda: result, name=name)
     dims = _first_dims(tensor, within)
     longest = max(dims)
     rest = tuple(tensor.shape[1:])
@@ -68,8 +77,7 @@ def allgather_async(tensor: torch.Tensor, name: str | None = None,
         gathered = torch.cat([part[:dim] for part, dim in zip(parts, dims, strict=True)])
         return gathered.to(tensor.dtype)
 
-    return handles.register(handles.Pending(what, [work], finish,
-                                            nbytes=nbytes(padded) * size, name=name))
+    return handles.Pending(what, [work], finish, nbytes=nbytes(padded) * size, name=name)
 
 
 class _Allgather(torch.autograd.Function):
@@ -77,14 +85,15 @@ class _Allgather(torch.autograd.Function):
     def forward(ctx: Any, tensor: torch.Tensor, name: str | None,
                 process_set: ProcessSet | None) -> torch.Tensor:
         ctx.dim, ctx.process_set = tensor.shape[0], process_set
-        return handles.synchronize(allgather_async(tensor, name, process_set))
+        return handles.synchronize(handles.register(
+            _start(tensor, name, process_set, deferrable=False)))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         reduced = allreduce(grad, op=Average, process_set=ctx.process_set)
         rank = scope(ctx.process_set, "allgather").rank
-        dims = handles.synchronize(allgather_async(torch.tensor([ctx.dim]),
-                                                   process_set=ctx.process_set))
+        dims = handles.synchronize(handles.register(
+            _start(torch.tensor([ctx.dim]), None, ctx.process_set, deferrable=False)))
         offset = int(dims[:rank].sum())
         return reduced.narrow(0, offset, ctx.dim), None, None
 
@@ -106,7 +115,9 @@ def grouped_allgather_async(tensors: list[torch.Tensor], name: str | None = None
                             process_set: ProcessSet | None = global_process_set) -> int:
     """Starts an allgather of each of `tensors`; returns one handle whose
     synchronize() returns the gathered tensors, in order."""
-    started = [allgather_async(t, name, process_set) for t in tensors]
+    started = [handles.register(_start(t, None if name is None else f"{name}.{index}",
+                                       process_set, deferrable=True))
+               for index, t in enumerate(tensors)]
     return handles.register(handles.Pending(
         "grouped allgather", [], lambda: [handles.synchronize(h) for h in started]))
 
@@ -129,11 +140,12 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str | None = None,
     if op not in (Average, Sum):
         raise ValueError(f"sparse allreduce supports Average and Sum, not {op.name}")
     sparse = tensor.coalesce()
-    indices = handles.synchronize(allgather_async(
+    indices = handles.synchronize(handles.register(_start(
         sparse.indices().t().contiguous(), None if name is None else f"{name}.indices",
-        process_set))
-    values = handles.synchronize(allgather_async(
-        sparse.values(), None if name is None else f"{name}.values", process_set))
+        process_set, deferrable=False)))
+    values = handles.synchronize(handles.register(_start(
+        sparse.values(), None if name is None else f"{name}.values", process_set,
+        deferrable=False)))
     if op is Average:
         values = values / scope(process_set, "sparse_allreduce_async").size
     result = torch.sparse_coo_tensor(indices.t(), values, sparse.shape).coalesce()

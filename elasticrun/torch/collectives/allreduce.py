@@ -19,7 +19,6 @@ import torch
 from elasticrun.errors import NotSupportedError
 from elasticrun.torch.collectives import fusion, handles
 from elasticrun.torch.collectives.adasum import adasum_allreduce_
-from elasticrun.torch.collectives.negotiation import negotiate
 from elasticrun.torch.collectives.process_sets import (
     ProcessSet,
     check,
@@ -63,19 +62,28 @@ def _problem(tensors: Sequence[torch.Tensor], op: ReduceOp, name: str | None
 
 def start_grouped(tensors: Sequence[torch.Tensor], op: ReduceOp, name: str | None = None,
                   prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                  within: Scope | None = None) -> handles.Pending:
+                  within: Scope | None = None, deferrable: bool = False) -> handles.Pending:
     """Negotiates, then starts reducing `tensors` in place, fused into a few buckets
     (Adasum completes here). Scaling is Horovod's: prescale before, and for Average the
-    postscale divided by the size, after (integers scaled in double and truncated)."""
+    postscale divided by the size, after (integers scaled in double and truncated).
+    `deferrable`: a named asynchronous one, matched by name (handles.submit)."""
     tensors = list(tensors)
-    what = f"allreduce {name}" if name else "allreduce"
     problem = _problem(tensors, op, name)
     if within is not None and within.group is not None and op is ReduceOp.ADASUM:
         problem = problem or NotSupportedError("Adasum with a process set: elasticrun's Adasum "
                                                "runs over every rank")
     request, planned = request_for(tensors, op, name, (prescale_factor, postscale_factor),
                                    problem)
-    negotiate(request, problem, within)
+    return handles.submit(request, problem, within,
+                          lambda: _launch(tensors, op, name, prescale_factor, postscale_factor,
+                                          within), deferrable)
+
+
+def _launch(tensors: list[torch.Tensor], op: ReduceOp, name: str | None,
+            prescale_factor: float, postscale_factor: float,
+            within: Scope | None) -> handles.Pending:
+    """The data of an allreduce the ranks agreed on."""
+    what = f"allreduce {name}" if name else "allreduce"
     world = size() if within is None else within.size
     group = None if within is None else within.group
     after = postscale_factor / world if op is ReduceOp.AVERAGE else postscale_factor
@@ -118,7 +126,7 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | No
     op = resolve_op(op, average)
     within = scope(process_set, "allreduce")
     return handles.register(start_grouped(tensors, op, name, prescale_factor,
-                                          postscale_factor, within))
+                                          postscale_factor, within, deferrable=True))
 
 
 def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | None = None,
@@ -137,8 +145,10 @@ def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = N
                        process_set: ProcessSet | None = global_process_set
                        ) -> list[torch.Tensor]:
     """Reduces `tensors` in place and returns them."""
-    return handles.synchronize(grouped_allreduce_async_(
-        tensors, average, name, op, prescale_factor, postscale_factor, process_set))
+    op = resolve_op(op, average)
+    within = scope(process_set, "allreduce")
+    return handles.synchronize(handles.register(start_grouped(
+        tensors, op, name, prescale_factor, postscale_factor, within)))
 
 
 def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -147,12 +157,18 @@ def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: st
                      process_set: ProcessSet | None = global_process_set) -> int:
     """Starts reducing `tensor` across all ranks in place; returns a handle for
     poll() and synchronize() (which returns `tensor`). Arguments as allreduce()."""
+    return _allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor,
+                             process_set, deferrable=True)
+
+
+def _allreduce_async_(tensor: torch.Tensor, average: bool | None, name: str | None,
+                      op: ReduceOp | None, prescale_factor: float, postscale_factor: float,
+                      process_set: ProcessSet | None, deferrable: bool) -> int:
     op = resolve_op(op, average)
     within = scope(process_set, "allreduce")
-    pending = start_grouped([tensor], op, name, prescale_factor, postscale_factor, within)
-    finish = pending.finish
-    pending.finish = lambda: finish()[0]
-    return handles.register(pending)
+    pending = start_grouped([tensor], op, name, prescale_factor, postscale_factor, within,
+                            deferrable)
+    return handles.register(handles.first_of(pending))
 
 
 def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -170,8 +186,9 @@ def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | No
                postscale_factor: float = 1.0,
                process_set: ProcessSet | None = global_process_set) -> torch.Tensor:
     """Reduces `tensor` across all ranks in place and returns it."""
-    return handles.synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
-                                                postscale_factor, process_set))
+    return handles.synchronize(_allreduce_async_(tensor, average, name, op, prescale_factor,
+                                                 postscale_factor, process_set,
+                                                 deferrable=False))
 
 
 class _Allreduce(torch.autograd.Function):

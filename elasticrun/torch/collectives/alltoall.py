@@ -10,7 +10,6 @@ import torch
 
 from elasticrun.torch.collectives import handles
 from elasticrun.torch.collectives.fusion import nbytes
-from elasticrun.torch.collectives.negotiation import negotiate
 from elasticrun.torch.collectives.process_sets import (
     ProcessSet,
     check,
@@ -21,6 +20,7 @@ from elasticrun.torch.collectives.requests import Kind, Request
 from elasticrun.torch.collectives.wire import to_wire
 from elasticrun.torch.world import plane
 from elasticrun.torch.world.boundary import collective
+from elasticrun.torch.world.place import Scope
 
 
 def _splits_of(tensor: torch.Tensor, splits: torch.Tensor | list[int] | None, size: int
@@ -43,6 +43,11 @@ def alltoall_async(tensor: torch.Tensor, splits: torch.Tensor | list[int] | None
                    process_set: ProcessSet | None = global_process_set) -> int:
     """Starts sending `splits[r]` rows of `tensor` to each rank r; returns a handle whose
     result is (output, received_splits)."""
+    return handles.register(_start(tensor, splits, name, process_set, deferrable=True))
+
+
+def _start(tensor: torch.Tensor, splits: torch.Tensor | list[int] | None, name: str | None,
+           process_set: ProcessSet | None, deferrable: bool) -> handles.Pending:
     within = scope(process_set, "alltoall")
     size = within.size
     counts: list[int] = []
@@ -54,13 +59,20 @@ def alltoall_async(tensor: torch.Tensor, splits: torch.Tensor | list[int] | None
     except ValueError as exc:
         problem = exc
     problem = problem or handles.name_problem(name)
-    negotiate(Request(Kind.ALLTOALL, dtypes=(tensor.dtype,), shapes=(tuple(tensor.shape),),
+    request = Request(Kind.ALLTOALL, dtypes=(tensor.dtype,), shapes=(tuple(tensor.shape),),
                       device="GPU" if tensor.is_cuda else "CPU", name=name,
-                      error=str(problem) if problem else ""), problem, within)
+                      error=str(problem) if problem else "")
+    return handles.submit(request, problem, within,
+                          lambda: _launch(tensor, counts, name, within), deferrable)
+
+
+def _launch(tensor: torch.Tensor, counts: list[int], name: str | None,
+            within: Scope) -> handles.Pending:
+    size = within.size
     what = f"alltoall {name or ''}".strip()
     if size == 1:
         result = (tensor.detach().clone(), torch.tensor(counts, dtype=torch.int32))
-        return handles.register(handles.Pending(what, [], lambda: result, name=name))
+        return handles.Pending(what, [], lambda: result, name=name)
     sent = torch.tensor(counts, dtype=torch.int64)
     received = torch.empty(size, dtype=torch.int64)
     with collective("alltoall: exchanging splits"):
@@ -74,25 +86,24 @@ def alltoall_async(tensor: torch.Tensor, splits: torch.Tensor | list[int] | None
                                       input_split_sizes=counts, async_op=True,
                                       group=within.group)
     received_splits = received.to(torch.int32)
-    return handles.register(handles.Pending(
-        what, [work], lambda: (output.to(tensor.dtype), received_splits),
-        nbytes=nbytes(source), name=name))
+    return handles.Pending(what, [work], lambda: (output.to(tensor.dtype), received_splits),
+                           nbytes=nbytes(source), name=name)
 
 
 class _Alltoall(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, splits: Any, name: str | None,
                 process_set: ProcessSet | None) -> tuple[torch.Tensor, torch.Tensor]:
-        output, received = handles.synchronize(alltoall_async(tensor, splits, name,
-                                                              process_set))
+        output, received = handles.synchronize(handles.register(
+            _start(tensor, splits, name, process_set, deferrable=False)))
         ctx.received, ctx.process_set = received, process_set
         ctx.mark_non_differentiable(received)
         return output, received
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor, _: Any) -> tuple[Any, ...]:
-        output, _ = handles.synchronize(alltoall_async(grad, ctx.received,
-                                                       process_set=ctx.process_set))
+        output, _ = handles.synchronize(handles.register(
+            _start(grad, ctx.received, None, ctx.process_set, deferrable=False)))
         return output, None, None, None
 
 

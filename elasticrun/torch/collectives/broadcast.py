@@ -11,7 +11,6 @@ import torch
 from elasticrun.torch.collectives import handles
 from elasticrun.torch.collectives.allreduce import allreduce
 from elasticrun.torch.collectives.fusion import nbytes
-from elasticrun.torch.collectives.negotiation import negotiate
 from elasticrun.torch.collectives.process_sets import (
     ProcessSet,
     check,
@@ -23,12 +22,17 @@ from elasticrun.torch.collectives.requests import Kind, Request
 from elasticrun.torch.collectives.wire import to_wire
 from elasticrun.torch.world import plane
 from elasticrun.torch.world.boundary import collective
-from elasticrun.torch.world.place import world
+from elasticrun.torch.world.place import Scope, world
 
 
 def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                      process_set: ProcessSet | None = global_process_set) -> int:
     """Starts overwriting `tensor` with root_rank's; returns a handle."""
+    return handles.register(_start(tensor, root_rank, name, process_set, deferrable=True))
+
+
+def _start(tensor: torch.Tensor, root_rank: int, name: str | None,
+           process_set: ProcessSet | None, deferrable: bool) -> handles.Pending:
     within = scope(process_set, "broadcast")
     members = process_set.ranks if within.group is not None and process_set else None
     problem: BaseException | None = None
@@ -37,13 +41,19 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = No
         problem = ValueError(f"root_rank={root_rank!r}: expected a rank of "
                              f"{members if members is not None else 'the job'}")
     problem = problem or handles.name_problem(name)
-    negotiate(Request(Kind.BROADCAST, dtypes=(tensor.dtype,), shapes=(tuple(tensor.shape),),
+    request = Request(Kind.BROADCAST, dtypes=(tensor.dtype,), shapes=(tuple(tensor.shape),),
                       device="GPU" if tensor.is_cuda else "CPU",
                       root=root_rank if problem is None else -1, name=name,
-                      error=str(problem) if problem else ""), problem, within)
+                      error=str(problem) if problem else "")
+    return handles.submit(request, problem, within,
+                          lambda: _launch(tensor, root_rank, name, within), deferrable)
+
+
+def _launch(tensor: torch.Tensor, root_rank: int, name: str | None,
+            within: Scope) -> handles.Pending:
     what = f"broadcast {name or ''}".strip()
     if within.size == 1:
-        return handles.register(handles.Pending(what, [], lambda: tensor, name=name))
+        return handles.Pending(what, [], lambda: tensor, name=name)
     target = to_wire(tensor.contiguous())
     with collective("broadcast", nbytes=nbytes(target)):
         work = plane.broadcast(target, src=root_rank, async_op=True, group=within.group)
@@ -53,8 +63,7 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = No
             tensor.copy_(target)
         return tensor
 
-    return handles.register(handles.Pending(what, [work], finish, nbytes=nbytes(target),
-                                            name=name))
+    return handles.Pending(what, [work], finish, nbytes=nbytes(target), name=name)
 
 
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
@@ -67,7 +76,8 @@ def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = Non
 def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                process_set: ProcessSet | None = global_process_set) -> torch.Tensor:
     """Overwrites `tensor` with root_rank's, in place, and returns it."""
-    return handles.synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+    return handles.synchronize(handles.register(
+        _start(tensor, root_rank, name, process_set, deferrable=False)))
 
 
 class _Broadcast(torch.autograd.Function):

@@ -14,9 +14,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from elasticrun.torch.collectives import deferral
 from elasticrun.torch.collectives.fusion import Waitable
+from elasticrun.torch.collectives.negotiation import count as negotiation_count
+from elasticrun.torch.collectives.negotiation import negotiate_named
+from elasticrun.torch.collectives.requests import CollectiveMismatchError, Request
 from elasticrun.torch.world import runtime
 from elasticrun.torch.world.boundary import collective
+from elasticrun.torch.world.place import Scope
 from elasticrun.worker import timeline
 
 
@@ -30,16 +35,32 @@ class Pending:
     name: str | None = None  # the user's name: one collective of a name in flight at a time
     launched: float = field(default_factory=time.time)
     round: int = field(default_factory=lambda: _round())
+    # Left waiting for the other ranks to submit its name (deferral.py): its request, and
+    # why it will never run, once that is known.
+    waiting: Request | None = None
+    failure: str | None = None
+    first: bool = False  # the result is the first of the list `finish` returns
+    # Negotiations started when it launched: once another one has started and it has
+    # completed, its name is free again (Horovod frees a name when its collective is done).
+    seen: int = field(default_factory=lambda: negotiation_count())
+
+    def result(self) -> Any:
+        result = self.finish()
+        return result[0] if self.first else result
 
     def completed(self) -> bool:
-        return all(work.is_completed() for work in self.works)
+        return self.waiting is None and all(work.is_completed() for work in self.works)
 
     def wait(self) -> Any:
+        if self.waiting is not None and self.failure is None and self.round == _round():
+            negotiate_named(self.waiting, wanted=self.name)  # it has started on return
+        if self.failure is not None:
+            raise CollectiveMismatchError(self.failure)
         waited = time.time()
         with collective(self.what):
             for work in self.works:
                 work.wait()
-        result = self.finish()
+        result = self.result()
         if timeline.enabled():
             timeline.record(self.what, "collective", self.launched, time.time(),
                             bytes=self.nbytes, op=self.op,
@@ -72,7 +93,47 @@ def name_problem(name: str | None) -> ValueError | None:
         del _names[name]
         _pending.pop(handle, None)
         return None
+    if negotiation_count() > pending.seen and pending.completed():
+        del _names[name]  # done (its handle still gives the result)
+        return None
     return ValueError(f"{DUPLICATE_NAME} (name {name!r})")
+
+
+def submit(request: Request, problem: BaseException | None, within: Scope | None,
+           launch: Callable[[], Pending], deferrable: bool = False) -> Pending:
+    """Negotiates `request`, then launches its data (`launch`). `deferrable`: a named
+    asynchronous collective of the whole round, which may be left waiting until every rank
+    has submitted its name (deferral.py); its duplicate name is then refused at once, here,
+    as Horovod refuses it, without a word to the other ranks."""
+    deferrable = deferrable and request.name is not None \
+        and (within is None or within.group is None)
+    if deferrable and problem is not None and isinstance(problem, ValueError) \
+            and problem.args and str(problem.args[0]).startswith(DUPLICATE_NAME):
+        raise problem
+    agreement = negotiate_named(request, problem, within, deferrable)
+    if agreement is not None:
+        return launch()
+    pending = Pending(f"{request.kind.name.lower()} {request.name}", [], lambda: None,
+                      name=request.name, waiting=request)
+
+    def start() -> None:
+        launched = launch()
+        pending.works, pending.finish, pending.nbytes = \
+            launched.works, launched.finish, launched.nbytes
+        pending.op, pending.launched, pending.waiting = launched.op, launched.launched, None
+        pending.seen = negotiation_count()
+
+    def fail(message: str) -> None:
+        pending.failure = message
+
+    deferral.queue.add(request, start, fail)
+    return pending
+
+
+def first_of(pending: Pending) -> Pending:
+    """`pending`, whose result is the first of the tensors it reduces."""
+    pending.first = True
+    return pending
 
 
 def register(pending: Pending) -> int:
@@ -107,3 +168,4 @@ def forget_all() -> None:
     """Drops every pending handle (a reset: their round's works are gone)."""
     _pending.clear()
     _names.clear()
+    deferral.queue.clear()

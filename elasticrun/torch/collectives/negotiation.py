@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from elasticrun.torch.collectives import gathered
+from elasticrun.torch.collectives import deferral, gathered
 from elasticrun.torch.collectives.requests import (
     DTYPES,
     OPS,
@@ -192,10 +192,35 @@ def negotiate(request: Request, local_error: BaseException | None = None,
     the round's) agreed; raises, on every rank alike, when they did not, or when a rank has
     joined and `request.kind` cannot run then. `local_error`: why this rank cannot run it
     (raised here, after the others were told)."""
+    agreement = negotiate_named(request, local_error, scope)
+    assert agreement is not None  # (only a deferrable collective is left waiting)
+    return agreement
+
+
+_count = 0  # negotiations so far in this process
+
+
+def count() -> int:
+    """How many negotiations this process started (handles.py frees a completed
+    collective's name once another one started after it)."""
+    return _count
+
+
+def negotiate_named(request: Request, local_error: BaseException | None = None,
+                    scope: Scope | None = None, deferrable: bool = False,
+                    wanted: str | None = None) -> Agreement | None:
+    """negotiate(), where the ranks on different collectives match named asynchronous ones
+    by name (deferral.py). `deferrable`: this is one (None is returned when it is left
+    waiting); `wanted`: this rank synchronizes the waiting one of that name, whose request
+    `request` is (it has started when this returns)."""
+    global _count
+    _count += 1
     size = runtime.current().slot.size if scope is None else scope.size
     if size == 1:
         if local_error is not None:
             raise local_error
+        if wanted is not None:
+            deferral.queue.start(wanted)
         return Agreement(request.kind, *_first(request.buckets), request.device,
                          request.buckets, request.op)
     settle_early()
@@ -203,8 +228,30 @@ def negotiate(request: Request, local_error: BaseException | None = None,
         header = _header(encode(request), rank=scope.rank, joining=False,
                          error=local_error is not None, unknown=False)
         return _decided(request, _exchange(header, size, scope.group), local_error, scope)
-    values = _exchange(_training_header(request, local_error), size)
-    return _decided(request, values, local_error)
+    while True:
+        values = _exchange(_training_header(request, local_error), size)
+        same, _ = _agreed(values)
+        if same or values[ERROR] or values[JOINED] == 1 or local_error is not None:
+            agreement = _decided(request, values, local_error)
+            if wanted is not None:
+                deferral.queue.start(wanted)
+            return agreement
+        views = gathered.gather_objects(deferral.View(request, deferrable,
+                                                      deferral.queue.requests(), wanted))
+        decision = deferral.decide([v if isinstance(v, deferral.View) else deferral.View(None)
+                                    for v in views], runtime.current().slot.rank)
+        if decision.error is not None:
+            if decision.drop is not None:  # its handle raises the same error
+                deferral.queue.fail(decision.drop, decision.error)
+            raise CollectiveMismatchError(decision.error)
+        if decision.start is not None:
+            deferral.queue.start(decision.start)
+        if decision.outcome is deferral.Outcome.DEFER:
+            return None
+        if decision.outcome is deferral.Outcome.PROCEED or \
+                (wanted is not None and wanted not in deferral.queue.items):
+            return Agreement(request.kind, *_first(request.buckets), request.device,
+                             request.buckets, request.op, early=request.early)
 
 
 class Early:
