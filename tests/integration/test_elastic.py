@@ -126,8 +126,9 @@ def test_failure_with_discovery_script(tmp_path: Path) -> None:
 
 
 def test_all_ranks_fail(tmp_path: Path) -> None:
-    result = run_job(["-np", "2", *COMMON, *TRAIN], train_env(faults="3:0:exit,3:1:exit"),
-                     log_dir=tmp_path)
+    """With nothing kept outside the workers (test_total_loss.py: with it, the job goes on)."""
+    result = run_job(["-np", "2", "--no-host-snapshots", *COMMON, *TRAIN],
+                     train_env(faults="3:0:exit,3:1:exit"), log_dir=tmp_path)
     assert result.returncode != 0
     assert "exited with code 3" in result.stderr
     assert len(result.error_lines()) == 1
@@ -137,8 +138,8 @@ def test_every_host_fails(tmp_path: Path) -> None:
     # Every worker exits at its step 3, whatever its rank: a worker whose round broke before
     # it got there (its peer exited first) goes on as rank 0 of a smaller round and must
     # fail there too.
-    result = run_job(["-H", "localhost:1,127.0.0.1:1", "--min-np", "1", *COMMON, *TRAIN],
-                     train_env(faults="3:*:exit"), log_dir=tmp_path)
+    result = run_job(["-H", "localhost:1,127.0.0.1:1", "--min-np", "1", "--no-host-snapshots",
+                      *COMMON, *TRAIN], train_env(faults="3:*:exit"), log_dir=tmp_path)
     assert result.returncode != 0
     assert "all hosts are blacklisted" in result.stderr
 

@@ -58,25 +58,23 @@ def cut(step: Step) -> None:
         return  # a plain round's members are being stopped: the next round follows them
     if not restarts.settle(step):
         return  # --max-restarts spent: the job ended
-    if planner.state_lost(state, now):
-        # Reports of workers that synced just before the failure may still be in flight;
-        # with no worker of the job alive, none can be.
-        anyone_alive = any(w.alive for w in state.workers.values())
-        if state.sync_grace_until is None and anyone_alive:
-            state.sync_grace_until = now + SYNC_REPORT_WAIT_S
-            step.timer(TimerKind.SYNC_REPORTS_DUE, state.sync_grace_until)
-        if state.sync_grace_until is not None and now < state.sync_grace_until and anyone_alive:
+    # A total loss that can be restarted is decided before the slots are counted: it gives
+    # hosts back. With nothing kept, the slots come first, as they always did.
+    restoring = total_loss.can_restore(step)
+    if restoring and planner.state_lost(state, now):
+        if _awaiting_sync_reports(step) or not total_loss.restart(step):
             return
-        state.sync_grace_until = None
-        if not total_loss.restart(step):
-            return
-    state.sync_grace_until = None
     capacity = planner.capacity(state, config.max_np, now)
     if capacity < config.min_np:
         _short_of_slots(step, capacity)
         return
     target = planner.desired(state, config.max_np, now)
     state.capacity_deadline = None
+    if not restoring and planner.state_lost(state, now):
+        if not _awaiting_sync_reports(step):
+            total_loss.restart(step)  # (nothing kept: it ends the job, saying so)
+        return
+    state.sync_grace_until = None
     number = state.round_number + 1
     limit = config.reset_limit
     if number > 1 and limit is not None and number - 1 > limit:
@@ -85,6 +83,21 @@ def cut(step: Step) -> None:
     if _storming(step):
         return
     _open(step, number, target)
+
+
+def _awaiting_sync_reports(step: Step) -> bool:
+    """No live worker seems to hold the committed state: True while reports of workers that
+    synced just before the failure may still be in flight (none can be once no worker of the
+    job is alive)."""
+    state, now = step.state, step.now
+    anyone_alive = any(w.alive for w in state.workers.values())
+    if state.sync_grace_until is None and anyone_alive:
+        state.sync_grace_until = now + SYNC_REPORT_WAIT_S
+        step.timer(TimerKind.SYNC_REPORTS_DUE, state.sync_grace_until)
+    if state.sync_grace_until is not None and now < state.sync_grace_until and anyone_alive:
+        return True
+    state.sync_grace_until = None
+    return False
 
 
 def _short_of_slots(step: Step, slots: int) -> None:
