@@ -27,11 +27,14 @@ from elasticrun.torch.collectives.reduce_ops import (
     resolve_op,
     scale_,
 )
-from elasticrun.torch.collectives.requests import Kind, Request
+from elasticrun.torch.collectives.requests import CollectiveMismatchError, Kind, Request
 from elasticrun.torch.collectives.wire import to_wire
 from elasticrun.torch.compression import Compression, Compressor
 from elasticrun.torch.world import plane
 from elasticrun.torch.world.boundary import collective
+
+# Horovod's message (its C++ controller's Status::Aborted) for Adasum, Min, Max and Product.
+ONLY_AVERAGE_AND_SUM = "Reducescatter currently only supports AVERAGE and SUM."
 
 
 def _share(rows: int, size: int, rank: int) -> tuple[int, int]:
@@ -49,8 +52,8 @@ def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: Reduc
     op = resolve_op(op, None)
     rank, size = within.rank, within.size
     problem: BaseException | None = None
-    if op not in (Average, Sum):
-        problem = ValueError(f"reducescatter supports Average and Sum, not {op.name}")
+    if op not in (Average, Sum):  # Horovod's words; a program error, not a failed peer
+        problem = CollectiveMismatchError(ONLY_AVERAGE_AND_SUM)
     elif tensor.dim() == 0:
         problem = ValueError("reducescatter needs a tensor with at least one dimension")
     problem = problem or handles.name_problem(name)

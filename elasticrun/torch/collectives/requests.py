@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -137,31 +137,30 @@ def mismatch(requests: Mapping[int, Request | None], joined: int = 0) -> str | N
     errors = {rank: r.error for rank, r in active.items() if r.error}
     if errors:
         return f"the collective could not start on every rank ({_who(errors)})"
-    checks: list[tuple[str, dict[int, str]]] = [
-        ("operations", {k: r.kind.name for k, r in active.items()}),
-    ]
     kind = next(iter(active.values())).kind
-    label = kind.name
-    checks += [
-        ("tensor counts", {k: str(len(r.shapes)) for k, r in active.items()}),
-        ("data types", {k: _dtypes_text(r.dtypes) for k, r in active.items()}),
-        ("tensor ranks", {k: ", ".join(str(len(s)) for s in r.shapes)
-                          for k, r in active.items()}),
-        ("dimensions", _first_dimension(active)),
-        ("tensor shapes", {k: _shape_text(r.compared_shapes()) for k, r in active.items()}),
-        ("prescale and/or postscale factors", {k: str(r.scales) for k, r in active.items()}),
-        ("reduction operation", {k: r.op for k, r in active.items()}),
-        ("root ranks", {k: str(r.root) for k, r in active.items()}),
-        ("CPU/GPU device selection", {k: r.device for k, r in active.items()}),
-        ("names", {k: repr(r.name) for k, r in active.items() if r.name is not None}),
-        ("announcements", {k: "early" if r.early else "at once" for k, r in active.items()}),
-    ]
-    for what, values in checks:
+    for what, values in _checks(active):
         if len(set(values.values())) > 1:
-            return _worded(what, label, values)
+            return _worded(what, kind.name, values)
     if joined and kind in NOT_WITH_JOIN:
         return NOT_WITH_JOIN[kind]
     return None
+
+
+def _checks(active: Mapping[int, Request]) -> Iterator[tuple[str, dict[int, str]]]:
+    """What the ranks compare, in order, each computed only once the ones before agreed: a
+    later check may rely on an earlier (the first dimension on the operations and counts)."""
+    yield "operations", {k: r.kind.name for k, r in active.items()}
+    yield "tensor counts", {k: str(len(r.shapes)) for k, r in active.items()}
+    yield "data types", {k: _dtypes_text(r.dtypes) for k, r in active.items()}
+    yield "tensor ranks", {k: ", ".join(str(len(s)) for s in r.shapes) for k, r in active.items()}
+    yield "dimensions", _first_dimension(active)
+    yield "tensor shapes", {k: _shape_text(r.compared_shapes()) for k, r in active.items()}
+    yield "prescale and/or postscale factors", {k: str(r.scales) for k, r in active.items()}
+    yield "reduction operation", {k: r.op for k, r in active.items()}
+    yield "root ranks", {k: str(r.root) for k, r in active.items()}
+    yield "CPU/GPU device selection", {k: r.device for k, r in active.items()}
+    yield "names", {k: repr(r.name) for k, r in active.items() if r.name is not None}
+    yield "announcements", {k: "early" if r.early else "at once" for k, r in active.items()}
 
 
 def _first_dimension(active: Mapping[int, Request]) -> dict[int, str]:

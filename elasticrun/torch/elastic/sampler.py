@@ -9,12 +9,18 @@ Like DistributedSampler, a shard is padded to equal length with a few repeats wh
 remaining samples do not divide evenly, so that all ranks take the same number of
 steps; repeats are never recorded twice and never cause a sample to be skipped.
 
+`record_batch(batch_idx, batch_size)` counts as Horovod's does: each call adds `batch_size *
+num_replicas` to `processed_num`, whatever `batch_idx`. The samples it marks are the next
+`batch_size` of every rank's shard: a cursor that starts at 0 at every reset and every pass
+over the sampler, so the marked samples are the ones the ranks were given even when
+`batch_idx` keeps counting across a restore (as in Horovod's own test).
+
 The order, attributes and state are Horovod's: an epoch's order is `random.Random(seed +
 epoch)` shuffling the indices, `remaining_indices`, `num_samples`, `total_size` and
-`processed_num` (how many of that order are processed) mean what they mean there, and
-`state_dict()` holds `epoch` and `processed_num`, so a state written by Horovod's sampler
-loads here and gives the same remaining samples. `processed_indices` (and
-`record_indices`, for samples processed out of order) is elasticrun's addition.
+`processed_num` mean what they mean there, and `state_dict()` holds `epoch` and
+`processed_num`, so a state written by Horovod's sampler loads here and gives the same
+remaining samples. `processed_indices` (and `record_indices`, for samples processed out of
+order) is elasticrun's addition: it, not `processed_num`, decides which samples remain.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ class ElasticSampler(Sampler[int]):
         self.seed = seed
         self.epoch = 0
         self.processed_indices: set[int] = set()
+        self.processed_num = 0  # Horovod's count: batch_size * num_replicas per record_batch
         self.num_replicas = 1
         self.rank = 0
         self.remaining_indices: list[int] = []
@@ -49,28 +56,33 @@ class ElasticSampler(Sampler[int]):
         self.total_size = 0
         self.indices: list[int] = []
         self._shards: list[list[int]] = [[]]
+        self._recorded = 0  # how much of every shard record_batch has marked
         self.reset()
-
-    @property
-    def processed_num(self) -> int:
-        """How many samples of this epoch are processed (Horovod's count)."""
-        return len(self.processed_indices)
 
     def set_epoch(self, epoch: int) -> None:
         """Starts `epoch`: nothing processed yet."""
         self.epoch = epoch
         self.processed_indices = set()
+        self.processed_num = 0
         self.reset()
 
     def record_batch(self, batch_idx: int, batch_size: int) -> None:
-        """Marks batch `batch_idx` (counted since the last reset) of every rank processed."""
-        start, end = batch_idx * batch_size, (batch_idx + 1) * batch_size
+        """Records a batch of every rank: adds `batch_size * num_replicas` to `processed_num`
+        (Horovod's count, whatever `batch_idx`) and marks the next `batch_size` samples of
+        every rank's shard, since the last reset or pass over the sampler, processed."""
+        del batch_idx  # Horovod's signature; the cursor says which samples the batch held
+        start = self._recorded
+        self._recorded += batch_size
         for shard in self._shards:
-            self.processed_indices.update(shard[start:end])
+            self.processed_indices.update(shard[start:self._recorded])
+        self.processed_num += batch_size * self.num_replicas
 
     def record_indices(self, indices: list[int] | set[int]) -> None:
-        """Marks these dataset indices processed (for samples processed out of batch order)."""
-        self.processed_indices.update(indices)
+        """Marks these dataset indices processed (for samples processed out of batch order);
+        `processed_num` counts those not marked before."""
+        new = set(indices) - self.processed_indices
+        self.processed_indices.update(new)
+        self.processed_num += len(new)
 
     def get_indices(self, batch_idx: int, batch_size: int) -> list[int]:
         """This rank's indices of batch `batch_idx`."""
@@ -92,6 +104,7 @@ class ElasticSampler(Sampler[int]):
         padded = (remaining * math.ceil(self.total_size / len(remaining)))[:self.total_size] \
             if remaining else []
         self._shards = [padded[r::self.num_replicas] for r in range(self.num_replicas)]
+        self._recorded = 0
 
     def _epoch_order(self) -> list[int]:
         """Horovod's order of this epoch."""
@@ -102,6 +115,7 @@ class ElasticSampler(Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         self.indices = list(self._shards[self.rank])
+        self._recorded = 0  # a new pass: its batches start at the shard's start
         return iter(self.indices)
 
     def __len__(self) -> int:
@@ -118,8 +132,9 @@ class ElasticSampler(Sampler[int]):
         first that many of the epoch's order are processed)."""
         self.epoch = int(state["epoch"])
         self.seed = int(state.get("seed", self.seed))
+        self.processed_num = int(state["processed_num"])
         if "processed_indices" in state:
             self.processed_indices = set(state["processed_indices"])
         else:
-            self.processed_indices = set(self._epoch_order()[:int(state["processed_num"])])
+            self.processed_indices = set(self._epoch_order()[:self.processed_num])
         self.reset()
