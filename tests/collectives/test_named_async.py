@@ -26,6 +26,8 @@ ASYNC: dict[str, Callable[[str], int]] = {
     "allgather": lambda name: hvd.allgather_async(torch.ones(2, 3), name=name),
     "broadcast": lambda name: hvd.broadcast_async(torch.ones(4), root_rank=0, name=name),
     "alltoall": lambda name: hvd.alltoall_async(torch.ones(2 * hvd.size()), name=name),
+    "reducescatter": lambda name: hvd.reducescatter_async(torch.ones(2 * hvd.size()),
+                                                          name=name),
 }
 
 

@@ -12,7 +12,6 @@ import torch
 from elasticrun.torch.collectives import handles
 from elasticrun.torch.collectives.allgather import allgather
 from elasticrun.torch.collectives.fusion import nbytes
-from elasticrun.torch.collectives.negotiation import negotiate
 from elasticrun.torch.collectives.process_sets import (
     ProcessSet,
     check,
@@ -32,6 +31,7 @@ from elasticrun.torch.collectives.wire import to_wire
 from elasticrun.torch.compression import Compression, Compressor
 from elasticrun.torch.world import plane
 from elasticrun.torch.world.boundary import collective
+from elasticrun.torch.world.place import Scope
 
 # Horovod's message (its C++ controller's Status::Aborted) for Adasum, Min, Max and Product.
 ONLY_AVERAGE_AND_SUM = "Reducescatter currently only supports AVERAGE and SUM."
@@ -48,19 +48,33 @@ def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: Reduc
                         prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> int:
     """Starts reducing `tensor` over all ranks; this rank's result is its share of the
     first dimension. Gloo has no reduce-scatter, so this is an allreduce and a slice."""
+    return handles.register(_start(tensor, name, op, process_set, prescale_factor,
+                                   postscale_factor, deferrable=True))
+
+
+def _start(tensor: torch.Tensor, name: str | None, op: ReduceOp,
+           process_set: ProcessSet | None, prescale_factor: float, postscale_factor: float,
+           deferrable: bool) -> handles.Pending:
     within = scope(process_set, "reducescatter")
     op = resolve_op(op, None)
-    rank, size = within.rank, within.size
     problem: BaseException | None = None
     if op not in (Average, Sum):  # Horovod's words; a program error, not a failed peer
         problem = CollectiveMismatchError(ONLY_AVERAGE_AND_SUM)
     elif tensor.dim() == 0:
         problem = ValueError("reducescatter needs a tensor with at least one dimension")
     problem = problem or handles.name_problem(name)
-    negotiate(Request(Kind.REDUCESCATTER, dtypes=(tensor.dtype,),
+    request = Request(Kind.REDUCESCATTER, dtypes=(tensor.dtype,),
                       shapes=(tuple(tensor.shape),), device="GPU" if tensor.is_cuda else "CPU",
                       op=op.value, scales=(prescale_factor, postscale_factor), name=name,
-                      error=str(problem) if problem else ""), problem, within)
+                      error=str(problem) if problem else "")
+    return handles.submit(request, problem, within,
+                          lambda: _launch(tensor, name, op, within, prescale_factor,
+                                          postscale_factor), deferrable)
+
+
+def _launch(tensor: torch.Tensor, name: str | None, op: ReduceOp, within: Scope,
+            prescale_factor: float, postscale_factor: float) -> handles.Pending:
+    rank, size = within.rank, within.size
     reduced = to_wire(tensor.detach(), reducing=True).clone()
     scale_(reduced, prescale_factor)
     works = []
@@ -76,9 +90,8 @@ def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: Reduc
         scale_(mine, after)
         return mine.to(tensor.dtype)
 
-    return handles.register(handles.Pending(f"reducescatter {name or ''}".strip(), works,
-                                            finish, nbytes=nbytes(reduced), op=op.value,
-                                            name=name))
+    return handles.Pending(f"reducescatter {name or ''}".strip(), works, finish,
+                           nbytes=nbytes(reduced), op=op.value, name=name)
 
 
 class _Reducescatter(torch.autograd.Function):
@@ -87,8 +100,8 @@ class _Reducescatter(torch.autograd.Function):
                 prescale: float, postscale: float, process_set: ProcessSet | None
                 ) -> torch.Tensor:
         ctx.settings = (op, prescale, postscale, process_set)
-        return handles.synchronize(reducescatter_async(tensor, name, op, process_set,
-                                                       prescale, postscale))
+        return handles.synchronize(handles.register(
+            _start(tensor, name, op, process_set, prescale, postscale, deferrable=False)))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
@@ -131,7 +144,9 @@ def grouped_reducescatter_async(tensors: list[torch.Tensor], name: str | None = 
                                 ) -> int:
     """Starts a reducescatter of each of `tensors`; returns one handle whose
     synchronize() returns this rank's shares, in order."""
-    started = [reducescatter_async(t, name, op, process_set, prescale_factor, postscale_factor)
-               for t in tensors]
+    started = [handles.register(_start(t, None if name is None else f"{name}.{index}", op,
+                                       process_set, prescale_factor, postscale_factor,
+                                       deferrable=True))
+               for index, t in enumerate(tensors)]
     return handles.register(handles.Pending(
         "grouped reducescatter", [], lambda: [handles.synchronize(h) for h in started]))
