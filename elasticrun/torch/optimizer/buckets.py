@@ -104,18 +104,22 @@ class GradientBucket:
             offset += p.numel()
         self._vote = self.flat[-1:] if self.vote else None
 
-    def gather(self, index: int, sparse_as_dense: bool, scale: float = 1.0) -> bool:
+    def gather(self, index: int, sparse_as_dense: bool, scale: float = 1.0) -> int | None:
         """Parameter `index`'s gradient into the bucket, multiplied by `scale` on the way
         (Average's 1/size, as DDP divides before summing: one pass for the copy and the
         scaling); a missing gradient as zeros, as Horovod reduces (every rank must send the
         same tensors). A sparse gradient is made dense with `sparse_as_dense`; otherwise its
-        place stays zero and True says that it is reduced apart."""
+        place stays zero and it is reduced apart. Returns a sparse gradient's sparse_dim()
+        (None for a dense or missing one): with `sparse_as_dense` the reduced gradient is made
+        sparse again with it (sparse_grad()), as Horovod does, for optimizers such as
+        SparseAdam."""
         p, view = self.params[index], self.views[index]
-        grad = p.grad
+        grad, sparse_dim = p.grad, None
         if grad is not None and grad.is_sparse:
+            sparse_dim = grad.sparse_dim()
             if not sparse_as_dense:
                 view.zero_()
-                return True
+                return sparse_dim
             grad = grad.to_dense()
         if grad is None:
             view.zero_()
@@ -131,7 +135,7 @@ class GradientBucket:
         else:
             torch.mul(grad, scale, out=view)
             p.grad = view
-        return False
+        return sparse_dim
 
     def scatter(self, sparse: set[int]) -> None:
         """The reduced values back into gradients that do not live in the bucket (but for
@@ -141,6 +145,13 @@ class GradientBucket:
         for index, (p, view) in enumerate(zip(self.params, self.views, strict=True)):
             if index not in sparse and p.grad is not None:
                 p.grad.copy_(view)
+
+    def sparse_grad(self, index: int, sparse_dim: int) -> None:
+        """Parameter `index`'s reduced gradient, made dense to travel, sparse again (a tensor
+        of its own: the bucket's next step does not write into it)."""
+        p = self.params[index]
+        assert p.grad is not None
+        p.grad = p.grad.to_sparse(sparse_dim)
 
     def vote_slot(self) -> torch.Tensor:
         assert self._vote is not None

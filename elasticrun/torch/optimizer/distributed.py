@@ -27,11 +27,16 @@ from elasticrun.torch.world import runtime
 from elasticrun.worker import timeline
 
 
-def _names(params: list[torch.Tensor], named_parameters: Iterable[tuple[str, torch.Tensor]] | None
-           ) -> dict[int, str]:
+def _parameter_names(param_groups: list[dict[str, Any]],
+                     named_parameters: Iterable[tuple[str, torch.Tensor]] | None
+                     ) -> dict[torch.Tensor, str]:
+    """Horovod's `_parameter_names`, {parameter: name}: `named_parameters`' names, or without
+    them "allreduce.noname.{i}.{j}" for parameter j of group i (the same on every rank)."""
     if named_parameters is None:
-        return {id(p): f"allreduce.noname.{i}" for i, p in enumerate(params)}
-    named = list(named_parameters)
+        named = [(f"allreduce.noname.{i}.{j}", p) for i, group in enumerate(param_groups)
+                 for j, p in enumerate(group["params"])]
+    else:
+        named = list(named_parameters)
     if any(not isinstance(item, tuple) for item in named):
         raise ValueError("named_parameters should be a sequence of (name, parameter) tuples, "
                          "usually produced by model.named_parameters()")
@@ -40,10 +45,25 @@ def _names(params: list[torch.Tensor], named_parameters: Iterable[tuple[str, tor
         duplicates = sorted({n for n in names if names.count(n) > 1})
         raise ValueError(f"named_parameters has duplicate names: {duplicates}")
     known = {id(p) for _, p in named}
-    missing = [p for p in params if id(p) not in known]
+    missing = [p for group in param_groups for p in group["params"] if id(p) not in known]
     if missing:
         raise ValueError(f"{len(missing)} optimizer parameter(s) are not in named_parameters")
-    return {id(p): name for name, p in named}
+    return {p: name for name, p in sorted(named, key=lambda item: item[0])}
+
+
+def _outside(process_set: ProcessSet | None) -> bool:
+    """Whether this rank is outside `process_set`: Horovod builds the optimizer there too,
+    and it steps locally. Raises when the set cannot be used here for any other reason
+    (membership is the last thing scope() checks: an initialised set's ValueError on a rank
+    that it does not include is that one)."""
+    try:
+        check(process_set, "DistributedOptimizer")
+    except ValueError:
+        if isinstance(process_set, ProcessSet) and process_set.process_set_id is not None \
+                and process_set.included() is False:
+            return True
+        raise
+    return False
 
 
 class _DistributedMixin:
@@ -54,9 +74,9 @@ class _DistributedMixin:
                   gradient_predivide_factor: float,
                   groups: int | Sequence[Sequence[torch.Tensor]] | None,
                   sparse_as_dense: bool, overlap: bool,
-                  process_set: ProcessSet | None = None) -> None:
+                  process_set: ProcessSet | None = None, outside: bool = False) -> None:
         params = [p for group in self.param_groups for p in group["params"]]
-        self._er_names = _names(params, named_parameters)
+        self._parameter_names = _parameter_names(self.param_groups, named_parameters)
         if backward_passes_per_step < 1:
             raise ValueError("backward_passes_per_step must be at least 1")
         if gradient_predivide_factor != 1.0 and op is not Average:
@@ -70,8 +90,9 @@ class _DistributedMixin:
                                                process_set)
         self._er_synchronized = False
         self._er_should_sync = True
+        self._er_outside = outside  # of process_set: no reduction, step() is local
         self._er_hooks: list[Any] = []
-        if overlap and op is not Adasum:
+        if overlap and op is not Adasum and not outside:
             self._er_hooks = [p.register_post_accumulate_grad_hook(self._er_on_gradient)
                               for p in trainable]
 
@@ -97,7 +118,7 @@ class _DistributedMixin:
         """Finishes reducing the gradients across ranks now (e.g. before clipping them)."""
         reduction = self._er_reduction
         reduction.check_round()
-        if self._er_op is Adasum:
+        if self._er_op is Adasum or self._er_outside:
             self._er_synchronized = True
             return
         try:
@@ -137,7 +158,7 @@ class _DistributedMixin:
     def step(self, closure: Callable[[], float] | None = None) -> Any:
         if timeline.enabled():
             timeline.mark_cycle()
-        if self._er_op is Adasum:
+        if self._er_op is Adasum and not self._er_outside:
             return self._er_adasum_step(closure)
         if self._er_should_sync:
             if self._er_synchronized:
@@ -184,8 +205,10 @@ def DistributedOptimizer(  # noqa: N802 - a factory named like the class it make
     Horovod's arguments and meaning. With backward_passes_per_step N, call step() after
     every N backward passes: the accumulated gradient is reduced once. `overlap=False`
     (elasticrun's) starts every reduction at step() instead of from the gradient hooks.
+    On a rank outside `process_set` it may be built too, as in Horovod: it registers no
+    hooks, synchronize() reduces nothing and step() is the wrapped optimizer's alone.
     """
-    check(process_set, "DistributedOptimizer")
+    outside = _outside(process_set)
     op = resolve_op(op, None)
     if num_groups and groups is None:
         groups = num_groups
@@ -194,5 +217,6 @@ def DistributedOptimizer(  # noqa: N802 - a factory named like the class it make
     wrapped: Any = object.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)
     wrapped._er_setup(named_parameters, compression, backward_passes_per_step, op,
-                      gradient_predivide_factor, groups, sparse_as_dense, overlap, process_set)
+                      gradient_predivide_factor, groups, sparse_as_dense, overlap, process_set,
+                      outside)
     return wrapped  # type: ignore[no-any-return]

@@ -85,7 +85,9 @@ class GradientReduction:
         self.delay = dict.fromkeys(self.delay, self.passes)
         self.ready = [0] * len(self.buckets)
         self.gathered: list[set[int]] = [set() for _ in self.buckets]
-        self.sparse: list[set[int]] = [set() for _ in self.buckets]
+        self.sparse: list[set[int]] = [set() for _ in self.buckets]  # reduced apart
+        # sparse_as_dense: the sparse gradients made dense, {position: sparse_dim} per bucket
+        self.densified: list[dict[int, int]] = [{} for _ in self.buckets]
         self.works: list[list[Any]] = [[] for _ in self.buckets]
         self.pending: list[handles.Pending | None] = [None] * len(self.buckets)
         # the general path: each bucket's gradients and their compressors' contexts
@@ -187,9 +189,18 @@ class GradientReduction:
 
     def _gather(self, index: int, position: int) -> None:
         if position not in self.gathered[index]:
-            if self.buckets[index].gather(position, self.sparse_as_dense, self.before):
-                self.sparse[index].add(position)
+            sparse_dim = self.buckets[index].gather(position, self.sparse_as_dense, self.before)
+            if sparse_dim is not None:
+                self._sparse(index, position, sparse_dim)
             self.gathered[index].add(position)
+
+    def _sparse(self, index: int, position: int, sparse_dim: int) -> None:
+        """A sparse gradient: reduced apart, or with sparse_as_dense reduced dense and made
+        sparse again after (as Horovod does: SparseAdam takes sparse gradients only)."""
+        if self.sparse_as_dense:
+            self.densified[index][position] = sparse_dim
+        else:
+            self.sparse[index].add(position)
 
     def start_remaining(self) -> None:
         while self.next < len(self.buckets):
@@ -236,12 +247,14 @@ class GradientReduction:
         for position, p in enumerate(bucket.params):
             if p.grad is None:  # every rank must reduce the same tensors
                 p.grad = torch.zeros_like(p)
-            if p.grad.is_sparse and not self.sparse_as_dense:
-                self.sparse[index].add(position)
-                continue
             if p.grad.is_sparse:
+                self._sparse(index, position, p.grad.sparse_dim())
+                if not self.sparse_as_dense:
+                    continue
                 p.grad = p.grad.to_dense()
             grads.append(p.grad)
+        if not grads:  # every gradient is sparse, reduced apart
+            return
         compressed = [self.compression.compress(g) for g in grads]
         tensors = [c for c, _ in compressed]
         self.pending[index] = start_grouped(tensors, self.op, None, 1.0 / self.predivide,
@@ -271,6 +284,8 @@ class GradientReduction:
             else:
                 self._finish_compressed(index)
             self._record(index, waited)
+            for position, sparse_dim in self.densified[index].items():
+                bucket.sparse_grad(position, sparse_dim)
             for position in sorted(self.sparse[index]):
                 p = bucket.params[position]
                 assert p.grad is not None
@@ -280,7 +295,8 @@ class GradientReduction:
 
     def _finish_compressed(self, index: int) -> None:
         pending = self.pending[index]
-        assert pending is not None
+        if pending is None:  # nothing dense to reduce
+            return
         reduced = pending.wait()
         grads, contexts = self.compressed[index]
         for grad, out, context in zip(grads, reduced, contexts, strict=True):
