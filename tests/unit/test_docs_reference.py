@@ -19,6 +19,9 @@ from elasticrun.cli.status import status_command
 from elasticrun.cli.torchrun import torchrun_cli
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
+# One pytest worker takes this module's tests, so that the site is built once (a build is
+# ~15 s of CPU: three workers each building it cost the suite half a minute).
+pytestmark = pytest.mark.xdist_group("docs-build")
 
 
 @pytest.fixture(scope="module")

@@ -101,6 +101,15 @@ def choose(offers: list[Offer | None]) -> tuple[int, Offer] | None:
 STAGING_PREFIX = "elasticrun-staging-"
 
 
+def _yield_to_training() -> None:
+    """Runs this thread only on CPU time nothing else of the host wants (Linux SCHED_IDLE):
+    on a host whose cores the training keeps busy, a snapshot written at full priority
+    takes its CPU from the steps. A commit that finds the write still in flight waits for
+    it, and the write then gets the core that commit leaves idle."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
+
+
 def _sweep_staging(root: Path) -> None:
     """Removes the staging directories of this user's workers that are gone (killed)."""
     with contextlib.suppress(OSError):
@@ -152,6 +161,7 @@ class CommitKeeper:
             self._wake.notify_all()
 
     def _run(self) -> None:
+        _yield_to_training()
         while True:
             with self._wake:
                 while self._pending is None:
@@ -250,6 +260,7 @@ class _CheckpointCopier:
         self._thread.start()
 
     def _copy_all(self, job: tuple[Any, CommitFile]) -> None:
+        _yield_to_training()
         while True:
             self._copy(*job)
             with self._lock:
