@@ -175,7 +175,12 @@ def test_a_later_commit_replaces_the_snapshot(dirs: tuple[Path, Path]) -> None:
         writer.kept(commit, WHOLE, _saved(commit), host_writer=True, checkpoint_writer=False)
         writer.flush(WAIT_S)
     assert _commits(snapshots) == [2]
-    assert os.listdir(snapshots) == [commit_files.file_name(2, WHOLE)]
+    # two slots written in place, in turn; the published commit links to the newer
+    pid = os.getpid()
+    assert sorted(os.listdir(snapshots)) == [commit_files.file_name(2, WHOLE),
+                                             f"slot-{pid}-0.whole.pt", f"slot-{pid}-1.whole.pt"]
+    assert os.readlink(snapshots / commit_files.file_name(2, WHOLE)) == f"slot-{pid}-1.whole.pt"
+    assert commit_files.read(snapshots / commit_files.file_name(2, WHOLE))["commit"] == 2
 
 
 def test_only_the_writers_named_write(dirs: tuple[Path, Path]) -> None:
@@ -307,7 +312,7 @@ def test_hold_keeps_the_writer_off_the_copies(dirs: tuple[Path, Path]) -> None:
     saved = _saved(1)
     with writer.hold():
         writer.kept(1, WHOLE, saved, host_writer=True, checkpoint_writer=False)
-        _wait_for(lambda: writer._active)  # the thread took it and waits for the copies
+        # the thread waits for the copies before it even takes the commit
         watch_until = time.monotonic() + 0.3  # a write would show at once: nothing may
         while time.monotonic() < watch_until:
             assert _commits(snapshots) == [] and not snapshots.exists()
@@ -322,21 +327,33 @@ def test_a_commit_not_started_yet_is_replaced_by_the_next(
         dirs: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     snapshots, _ = dirs
     written: list[int] = []
-    real = commit_files.write
+    real = commit_files.SlotWriter.write
 
-    def recording(directory: Path, commit: int, *args: Any, **kwargs: Any) -> Any:
+    def recording(self: Any, commit: int, *args: Any, **kwargs: Any) -> Any:
         written.append(commit)
-        return real(directory, commit, *args, **kwargs)
+        return real(self, commit, *args, **kwargs)
 
-    monkeypatch.setattr(commit_files, "write", recording)
+    monkeypatch.setattr(commit_files.SlotWriter, "write", recording)
     writer = CommitKeeper(KeepingSettings(snapshots))
-    with writer.hold():
-        writer.kept(1, WHOLE, _saved(1), host_writer=True, checkpoint_writer=False)
-        _wait_for(lambda: writer._active)
-        writer.kept(2, WHOLE, _saved(2), host_writer=True, checkpoint_writer=False)
-        writer.kept(3, WHOLE, _saved(3), host_writer=True, checkpoint_writer=False)
+    with writer.hold():  # (a commit's save() would wait for the last write to begin first)
+        for commit in (1, 2, 3):
+            writer.kept(commit, WHOLE, _saved(commit), host_writer=True,
+                        checkpoint_writer=False)
     writer.flush(WAIT_S)
-    assert written == [1, 3] and _commits(snapshots) == [3]
+    assert written == [3] and _commits(snapshots) == [3]
+
+
+def test_a_commit_waits_for_the_last_ones_write_to_begin(dirs: tuple[Path, Path]) -> None:
+    """So the newest snapshot is never older than the commit before the last: a commit
+    handed over is written before the next one's copies are made."""
+    snapshots, _ = dirs
+    writer = CommitKeeper(KeepingSettings(snapshots))
+    for commit in range(1, 30):
+        with writer.hold():  # the last commit's write began, and so ended: it is published
+            assert _commits(snapshots) == ([] if commit == 1 else [commit - 1])
+        writer.kept(commit, WHOLE, _saved(commit), host_writer=True, checkpoint_writer=False)
+    writer.flush(WAIT_S)
+    assert _commits(snapshots) == [29]
 
 
 def test_an_object_that_cannot_be_saved_costs_that_commit_only(

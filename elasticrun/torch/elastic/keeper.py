@@ -99,15 +99,7 @@ def choose(offers: list[Offer | None]) -> tuple[int, Offer] | None:
 
 
 STAGING_PREFIX = "elasticrun-staging-"
-
-
-def _yield_to_training() -> None:
-    """Runs this thread only on CPU time nothing else of the host wants (Linux SCHED_IDLE):
-    on a host whose cores the training keeps busy, a snapshot written at full priority
-    takes its CPU from the steps. A commit that finds the write still in flight waits for
-    it, and the write then gets the core that commit leaves idle."""
-    with contextlib.suppress(AttributeError, OSError):
-        os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
+HOLD_WAIT_S = 60.0  # a commit waits at most this long for the last one's write to begin
 
 
 def _sweep_staging(root: Path) -> None:
@@ -133,13 +125,19 @@ class CommitKeeper:
         self._thread: threading.Thread | None = None
         self._copier = _CheckpointCopier(settings, self._warn_once)
         self._warned: set[str] = set()
+        self._slots: commit_files.SlotWriter | None = None
+        self._last: tuple[int, str, Mapping[str, Any]] | None = None  # (for the checkpoint)
         # Without host snapshots, a commit on its way to --checkpoint-dir is staged here.
         self._staging = Path("/dev/shm" if os.path.isdir("/dev/shm") else "/tmp") / \
             f"{STAGING_PREFIX}{os.getpid()}"
 
     @contextlib.contextmanager
     def hold(self) -> Iterator[None]:
-        """While held, no write reads the commit's copies (a commit refills them)."""
+        """While held, no write reads the commit's copies (a commit refills them). It is
+        taken once the last commit's write has begun (and so, holding the copies, ended):
+        the newest snapshot is then never older than the commit before the last."""
+        with self._wake:
+            self._wake.wait_for(lambda: self._pending is None, timeout=HOLD_WAIT_S)
         with self._busy:
             yield
 
@@ -161,21 +159,31 @@ class CommitKeeper:
             self._wake.notify_all()
 
     def _run(self) -> None:
-        _yield_to_training()
         while True:
             with self._wake:
                 while self._pending is None:
                     self._wake.wait()
+            self._busy.acquire()  # before the commit is taken: its copies cannot change now
+            with self._wake:
+                assert self._pending is not None  # (only this thread takes it)
                 commit, holding, saved, snapshot, checkpoint, ready = self._pending
                 self._pending = None
                 self._active = True
+                self._wake.notify_all()
             try:
-                with self._busy:
+                staged = None
+                with contextlib.ExitStack() as held:
+                    held.callback(self._busy.release)
                     if ready is not None:
                         ready()
-                    written = self._write_snapshot(commit, holding, saved, snapshot)
-                if written is not None and checkpoint:
-                    self._copier.offer(written, keep_source=snapshot)
+                    if snapshot:
+                        self._write_snapshot(commit, holding, saved)
+                    if checkpoint:
+                        self._last = (commit, holding, saved)
+                        if self._copier.due():
+                            staged = self._stage(commit, holding, saved)
+                if staged is not None:
+                    self._copier.offer(staged)
             except Exception as exc:  # this commit is not kept; the next ones still are
                 self._warn_once("keeping", f"commit {commit} could not be kept: "
                                            f"{type(exc).__name__}: {exc}")
@@ -184,27 +192,37 @@ class CommitKeeper:
                     self._active = False
                     self._wake.notify_all()
 
-    def _write_snapshot(self, commit: int, holding: str, saved: Mapping[str, Any],
-                        keep: bool) -> CommitFile | None:
-        """The commit as a file in host memory (kept there, or only staged on its way to
-        the checkpoint dir)."""
-        directory = self.settings.snapshot_dir if keep else None
-        if directory is None:
-            directory = self._staging
-            if not directory.exists():
-                _sweep_staging(directory.parent)
+    def _write_snapshot(self, commit: int, holding: str, saved: Mapping[str, Any]) -> None:
+        """The commit as this host's snapshot (in place, in host memory)."""
+        directory = self.settings.snapshot_dir
+        assert directory is not None
         try:
-            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-            written = commit_files.write(directory, commit, holding,
-                                         commit_files.payload(commit, holding, saved),
-                                         durable=False)
+            if self._slots is None:
+                directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+                self._slots = commit_files.SlotWriter(directory)
+            written = self._slots.write(commit, holding,
+                                        commit_files.payload(commit, holding, saved))
             commit_files.prune(directory, written)
-            return written
         except Exception as exc:  # a full disk (OSError, RuntimeError), an unpicklable object
             self._warn_once("snapshot", f"commit {commit} could not be kept in {directory} "
                                         f"({getattr(exc, 'strerror', None) or exc}); no host "
                                         f"snapshot of it (is /dev/shm big enough? can every "
                                         f"committed object be pickled?)")
+
+    def _stage(self, commit: int, holding: str, saved: Mapping[str, Any]) -> CommitFile | None:
+        """The commit as a file of its own (with CRCs) on its way to the checkpoint dir."""
+        directory = self._staging
+        try:
+            if not directory.exists():
+                _sweep_staging(directory.parent)
+                directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            return commit_files.write(directory, commit, holding,
+                                      commit_files.payload(commit, holding, saved),
+                                      durable=False)
+        except Exception as exc:
+            self._warn_once("checkpoint", f"commit {commit} could not be staged for the "
+                                          f"checkpoint dir in {directory} "
+                                          f"({getattr(exc, 'strerror', None) or exc})")
             return None
 
     def flush(self, timeout: float = 60.0) -> None:
@@ -214,6 +232,12 @@ class CommitKeeper:
         with self._wake:
             self._wake.wait_for(lambda: self._pending is None and not self._active,
                                 timeout=timeout)
+        last = self._last
+        if last is not None and not self._copier.has(last[0]):
+            with self._busy:
+                staged = self._stage(*last)
+            if staged is not None:
+                self._copier.offer(staged)
         self._copier.finish(max(0.0, deadline - time.monotonic()))
         shutil.rmtree(self._staging, ignore_errors=True)
 
@@ -236,11 +260,24 @@ class _CheckpointCopier:
         self._thread: threading.Thread | None = None
         self._last = -float("inf")
         self._done: int | None = None  # the newest commit copied
+        self._copying = -1  # the commit being copied
 
-    def offer(self, written: CommitFile, keep_source: bool) -> None:
+    def due(self) -> bool:
+        """Whether a commit staged now would be copied now (none in flight, the interval
+        passed): only then is one staged."""
+        with self._lock:
+            idle = self._thread is None or not self._thread.is_alive()
+            return idle and time.monotonic() - self._last >= self._settings.checkpoint_interval
+
+    def has(self, commit: int) -> bool:
+        """Whether `commit` (or a newer one) is in the checkpoint dir or on its way."""
+        with self._lock:
+            waiting = self._waiting[1].commit if self._waiting is not None else -1
+        return max(self._done or -1, waiting, self._copying) >= commit
+
+    def offer(self, written: CommitFile) -> None:
         source = open(written.path, "rb")  # noqa: SIM115 - closed by whoever copies or drops it
-        if not keep_source:
-            written.path.unlink()  # an open file stays readable; nothing is left behind
+        written.path.unlink()  # an open file stays readable; nothing is left behind
         with self._lock:
             if self._waiting is not None:
                 self._waiting[0].close()
@@ -260,7 +297,6 @@ class _CheckpointCopier:
         self._thread.start()
 
     def _copy_all(self, job: tuple[Any, CommitFile]) -> None:
-        _yield_to_training()
         while True:
             self._copy(*job)
             with self._lock:
@@ -271,6 +307,7 @@ class _CheckpointCopier:
                 job, self._waiting = self._waiting, None
 
     def _copy(self, source: Any, written: CommitFile) -> None:
+        self._copying = written.commit
         directory = self._settings.checkpoint_dir
         assert directory is not None
         final = directory / written.path.name
