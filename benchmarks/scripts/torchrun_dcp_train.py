@@ -1,0 +1,108 @@
+"""The peer of benchmarks/total_loss.py: er_total_loss_train.py's model, batch and optimizer
+under torchrun, as a user writes it: plain DDP on Gloo, and a torch.distributed.checkpoint
+(DCP) save of model, optimizer and step every BENCH_CHECKPOINT_EVERY steps into
+BENCH_CHECKPOINT_DIR/step-N; at start every rank loads the newest complete one (the one
+whose .metadata, written last, is there) when there is one.
+
+Env (besides model.py's): BENCH_CHECKPOINT_EVERY, BENCH_CHECKPOINT_DIR, BENCH_KILL_STEP with
+BENCH_MARKER_DIR: every rank SIGKILLs itself at the start of that step, once per rank in
+the job. Events: "started" (first line, before torch is imported, with the restart count),
+"initialized" (process group built), "synced" (checkpoint loaded: the step resumed from),
+"kill", "step" (with the save's duration), "done".
+"""
+
+from __future__ import annotations
+
+import time
+
+STARTED = time.time()
+
+import gc  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.distributed.checkpoint as dcp  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from model import STEPS, batch, build_model, emit, parameter_count  # noqa: E402
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel  # noqa: E402
+
+CHECKPOINT_EVERY = int(os.environ.get("BENCH_CHECKPOINT_EVERY", "10"))
+CHECKPOINT_DIR = Path(os.environ.get("BENCH_CHECKPOINT_DIR", "/tmp"))
+KILL_STEP = int(os.environ.get("BENCH_KILL_STEP", "-1"))
+MARKER_DIR = Path(os.environ.get("BENCH_MARKER_DIR", "/tmp"))
+RESTART = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+def newest_checkpoint() -> Path | None:
+    complete = [path for path in CHECKPOINT_DIR.glob("step-*") if (path / ".metadata").exists()]
+    return max(complete, key=lambda path: int(path.name.split("-")[1]), default=None)
+
+
+def full_state(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer,
+               step: int) -> dict[str, Any]:
+    model_state, optimizer_state = get_state_dict(ddp, optimizer)
+    return {"model": model_state, "optimizer": optimizer_state, "step": torch.tensor(step)}
+
+
+def load(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer) -> int:
+    """The step of the newest complete checkpoint, loaded into model and optimizer (0: none)."""
+    path = newest_checkpoint()
+    if path is None:
+        return 0
+    state = full_state(ddp, optimizer, 0)
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(ddp, optimizer, model_state_dict=state["model"],
+                   optim_state_dict=state["optimizer"])
+    return int(state["step"])
+
+
+def kill_once(rank: int, step: int) -> None:
+    if step != KILL_STEP:
+        return
+    try:
+        os.close(os.open(MARKER_DIR / f"killed-{rank}", os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        return
+    emit("kill", rank=rank, step=step)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def main() -> None:
+    emit("started", at=STARTED, restart=RESTART)
+    model = build_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    emit("initialized", rank=rank, restart=RESTART)
+    ddp = DistributedDataParallel(model)  # broadcasts rank 0's parameters
+    step = load(ddp, optimizer)
+    emit("synced", rank=rank, step=step, restart=RESTART)
+    data, target = batch(rank)
+    while step < STEPS:
+        kill_once(rank, step)
+        optimizer.zero_grad()
+        F.cross_entropy(ddp(data), target).backward()
+        optimizer.step()
+        step += 1
+        save_s = 0.0
+        if CHECKPOINT_EVERY and step % CHECKPOINT_EVERY == 0:
+            started = time.perf_counter()
+            dcp.save(full_state(ddp, optimizer, step),
+                     checkpoint_id=CHECKPOINT_DIR / f"step-{step}")
+            save_s = time.perf_counter() - started
+        emit("step", rank=rank, step=step, restart=RESTART, commit_s=save_s)
+    emit("done", rank=rank, params=parameter_count(model))
+    # As torchrun_train.py: Gloo's threads can abort the process at interpreter exit.
+    del ddp
+    gc.collect()
+    dist.destroy_process_group()
+    gc.collect()
+
+
+if __name__ == "__main__":
+    main()
