@@ -1,18 +1,16 @@
 """Keeps every commit outside the worker processes, off the training thread.
 
-After each commit, one thread per worker writes it (commit_files.py) as a *host snapshot*
-into a directory in host memory (/dev/shm: it survives the death of every worker process
-on the host, not of the host), and, at most once every --checkpoint-interval, copies that
-file into --checkpoint-dir (fsynced: it survives the machine). Only the writers the state's
-holding names write: for state every rank holds whole, the lowest rank on each host (one
-copy per host) and rank 0 for the checkpoint.
+After each commit, one thread per worker writes it as this host's *host snapshot* into a
+directory in host memory (/dev/shm: it survives the death of every worker process on the
+host, not of the host), in place into one of two slot files (commit_files.SlotWriter). Only
+the writers the state's holding names write: for state every rank holds whole, the lowest
+rank on each host (one copy per host), and rank 0 for --checkpoint-dir, where a commit is
+staged as a file of its own when a copy is due and copied on (checkpoint_copier.py).
 
-The thread reads the commit's copies in place (no second copy in memory): the next commit
-waits for a write still in flight before it refills them (`hold`), so a snapshot is always
-the last or the one before last commit. The file copy to --checkpoint-dir reads the
-snapshot file, not the copies, and never holds a commit up: when commits come faster, the
-newest snapshot wins. A failed write (a full /dev/shm) is logged once and costs nothing
-else: there is then no snapshot of that commit.
+The thread reads the commit's copies in place (no second copy in memory); it takes a commit
+only holding them, and the next commit waits for that write to begin (`hold`), so a
+snapshot is always the last or the one before last commit. A failed write (a full /dev/shm,
+an object that cannot be pickled) is logged once and costs only that commit.
 """
 
 from __future__ import annotations
@@ -30,6 +28,7 @@ from typing import Any
 
 from elasticrun import protocol
 from elasticrun.torch.elastic import commit_files
+from elasticrun.torch.elastic.checkpoint_copier import CheckpointCopier
 from elasticrun.torch.elastic.commit_files import CommitFile
 
 log = logging.getLogger("elasticrun.worker")
@@ -123,7 +122,8 @@ class CommitKeeper:
                              Callable[[], None] | None] | None = None
         self._active = False
         self._thread: threading.Thread | None = None
-        self._copier = _CheckpointCopier(settings, self._warn_once)
+        self._copier = CheckpointCopier(settings.checkpoint_dir, settings.checkpoint_interval,
+                                        self._warn_once)
         self._warned: set[str] = set()
         self._slots: commit_files.SlotWriter | None = None
         self._last: tuple[int, str, Mapping[str, Any]] | None = None  # (for the checkpoint)
@@ -245,102 +245,3 @@ class CommitKeeper:
         if what not in self._warned:
             self._warned.add(what)
             log.warning(message)
-
-
-class _CheckpointCopier:
-    """Copies snapshot files into the checkpoint dir on a thread of its own: at most once
-    every interval, one at a time; the newest snapshot waiting while a copy is in flight is
-    copied after it (when due), and whatever waits is copied when the worker ends."""
-
-    def __init__(self, settings: KeepingSettings, warn: Any) -> None:
-        self._settings = settings
-        self._warn = warn
-        self._lock = threading.Lock()
-        self._waiting: tuple[Any, CommitFile] | None = None  # an open file, and what it is
-        self._thread: threading.Thread | None = None
-        self._last = -float("inf")
-        self._done: int | None = None  # the newest commit copied
-        self._copying = -1  # the commit being copied
-
-    def due(self) -> bool:
-        """Whether a commit staged now would be copied now (none in flight, the interval
-        passed): only then is one staged."""
-        with self._lock:
-            idle = self._thread is None or not self._thread.is_alive()
-            return idle and time.monotonic() - self._last >= self._settings.checkpoint_interval
-
-    def has(self, commit: int) -> bool:
-        """Whether `commit` (or a newer one) is in the checkpoint dir or on its way."""
-        with self._lock:
-            waiting = self._waiting[1].commit if self._waiting is not None else -1
-        return max(self._done or -1, waiting, self._copying) >= commit
-
-    def offer(self, written: CommitFile) -> None:
-        source = open(written.path, "rb")  # noqa: SIM115 - closed by whoever copies or drops it
-        written.path.unlink()  # an open file stays readable; nothing is left behind
-        with self._lock:
-            if self._waiting is not None:
-                self._waiting[0].close()
-            self._waiting = (source, written)
-            if self._thread is None or not self._thread.is_alive():
-                self._start_if_due(force=False)
-
-    def _start_if_due(self, force: bool) -> None:
-        if self._waiting is None:
-            return
-        if not force and time.monotonic() - self._last < self._settings.checkpoint_interval:
-            return
-        self._last = time.monotonic()
-        job, self._waiting = self._waiting, None
-        self._thread = threading.Thread(target=self._copy_all, args=(job,),
-                                        name="elasticrun-checkpoint", daemon=True)
-        self._thread.start()
-
-    def _copy_all(self, job: tuple[Any, CommitFile]) -> None:
-        while True:
-            self._copy(*job)
-            with self._lock:
-                if self._waiting is None or time.monotonic() - self._last < \
-                        self._settings.checkpoint_interval:
-                    return
-                self._last = time.monotonic()
-                job, self._waiting = self._waiting, None
-
-    def _copy(self, source: Any, written: CommitFile) -> None:
-        self._copying = written.commit
-        directory = self._settings.checkpoint_dir
-        assert directory is not None
-        final = directory / written.path.name
-        temporary = directory / f".{final.name}.tmp-{os.getpid()}"
-        try:
-            with source:
-                directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-                with open(temporary, "wb") as target:
-                    shutil.copyfileobj(source, target, 8 << 20)
-                    target.flush()
-                    os.fsync(target.fileno())
-            os.chmod(temporary, 0o600)
-            os.replace(temporary, final)
-            descriptor = os.open(directory, os.O_RDONLY)
-            try:
-                os.fsync(descriptor)
-            finally:
-                os.close(descriptor)
-            commit_files.prune(directory, CommitFile(final, written.commit, written.holding))
-            self._done = written.commit
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                temporary.unlink()
-            self._warn("checkpoint", f"commit {written.commit} could not be written to "
-                                     f"{directory} ({exc.strerror or exc})")
-
-    def finish(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        thread = self._thread
-        if thread is not None:
-            thread.join(timeout)
-        with self._lock:
-            self._start_if_due(force=True)
-            thread = self._thread
-        if thread is not None:
-            thread.join(max(0.0, deadline - time.monotonic()))
