@@ -92,7 +92,7 @@ from elasticrun.process_setup import setup_logging
 @click.option("--host-snapshots/--no-host-snapshots", default=True, show_default=True,
               help="Keep each commit of a TorchState in each host's memory (/dev/shm), written "
                    "off the training thread: a job that loses every worker goes on from it. "
-                   "Costs one copy of the state per host.")
+                   "Costs two copies of the state per host.")
 @click.option("--checkpoint-dir", type=click.Path(path_type=Path, file_okay=False),
               metavar="DIR",
               help="Also write commits to DIR (asynchronously, atomically, fsynced), where a "
