@@ -48,6 +48,9 @@ class DriverConfig:
     np: int
     min_np: int
     max_np: int | None
+    # --shard-size: rounds are made of replica groups of this many consecutive ranks, each
+    # on one host (driver/rounds/replica_groups.py); 1: any size, as without HSDP
+    shard_size: int = 1
     hosts: tuple[tuple[str, int], ...] | None = None
     hostfile: Path | None = None
     discovery_script: Path | None = None
@@ -122,6 +125,14 @@ class DriverConfig:
             raise ConfigError(f"--min-np must be between 1 and -np ({self.np}), got {self.min_np}")
         if self.max_np is not None and self.max_np < self.np:
             raise ConfigError(f"--max-np must be at least -np ({self.np}), got {self.max_np}")
+        if self.shard_size < 1:
+            raise ConfigError(f"--shard-size must be at least 1, got {self.shard_size}")
+        for flag, size in (("-np", self.np), ("--min-np", self.min_np),
+                           ("--max-np", self.max_np)):
+            if size is not None and size % self.shard_size:
+                raise ConfigError(f"{flag} {size} is not a multiple of --shard-size "
+                                  f"{self.shard_size}: every replica group has "
+                                  f"{self.shard_size} workers")
         sources = [s for s in (self.hosts, self.hostfile, self.discovery_script, self.discovery)
                    if s is not None]
         if len(sources) > 1:

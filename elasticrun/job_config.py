@@ -87,6 +87,7 @@ def build_config(
     torchrun: TorchrunSettings | None = None,
     stop_grace_period: float | None = None,
     agent_token: str | None = None,  # the token itself (torchrun's form), not from a file
+    shard_size: int = 1,
 ) -> DriverConfig:
     default_slots = slots_per_host or 1
     static_hosts = None
@@ -99,7 +100,11 @@ def build_config(
         if min_np is not None:
             np = min_np
         elif static_hosts is not None:
-            np = sum(slots for _, slots in static_hosts)
+            group = max(shard_size, 1)  # (a bad --shard-size is refused by DriverConfig)
+            np = sum(slots - slots % group for _, slots in static_hosts)  # whole groups
+            if np == 0 and group > 1:
+                raise ConfigError(f"-H/--hosts {hosts!r} has no host with the {group} slots "
+                                  f"a replica group of --shard-size {group} needs")
             if np == 0:
                 raise ConfigError(f"-H/--hosts {hosts!r} gives no slots")
         else:
@@ -134,6 +139,7 @@ def build_config(
         np=np,
         min_np=min_np if min_np is not None else np,
         max_np=max_np,
+        shard_size=shard_size,
         hosts=static_hosts,
         hostfile=hostfile,
         discovery_script=discovery_script,

@@ -65,6 +65,8 @@ ENV_SNAPSHOT_DIR = "ELASTICRUN_SNAPSHOT_DIR"
 ENV_CHECKPOINT_DIR = "ELASTICRUN_CHECKPOINT_DIR"
 ENV_CHECKPOINT_INTERVAL = "ELASTICRUN_CHECKPOINT_INTERVAL"
 ENV_RESTORE = "ELASTICRUN_RESTORE"
+# --shard-size: workers per replica group (elastic HSDP); the same for every worker of a job.
+ENV_SHARD_SIZE = "ELASTICRUN_SHARD_SIZE"
 # "0": local workers are exec'd, never forked from a worker template (launch/forked.py).
 ENV_WORKER_TEMPLATE = "ELASTICRUN_WORKER_TEMPLATE"
 

@@ -43,6 +43,7 @@ def run(
     *,
     min_np: int | None = None,
     max_np: int | None = None,
+    shard_size: int = 1,
     hosts: str | Sequence[str] | None = None,
     hostfile: str | os.PathLike[str] | None = None,
     discovery: str | os.PathLike[str] | None = None,
@@ -95,10 +96,11 @@ def run(
     `func` and its arguments travel cloudpickled (lambdas and closures too); each worker
     calls `elasticrun.torch.init()` first, so `func` may use elasticrun.torch's collectives
     and `elastic.run`. The other arguments are the CLI's flags (see `elasticrun --help`):
-    `np`, `min_np`, `max_np`, `hosts` ("node1:2,node2:2" or a list), `hostfile`,
-    `discovery` (a host discovery script), `slots`, the timeouts, `launcher` (and with
-    agents `agent_token_file` and `port`), ... `env` adds to the
-    workers' environment; `executable` is the Python that runs them [default: this one].
+    `np`, `min_np`, `max_np`, `shard_size` (workers per replica group, elastic HSDP),
+    `hosts` ("node1:2,node2:2" or a list), `hostfile`, `discovery` (a host discovery
+    script), `slots`, the timeouts, `launcher` (and with agents `agent_token_file` and
+    `port`), ... `env` adds to the workers' environment; `executable` is the Python that
+    runs them [default: this one].
 
     Raises JobFailedError when the job fails (its message names the first failing rank,
     its host and cause: for an exception in `func`, its type and message), ConfigError for
@@ -131,7 +133,7 @@ def job_settings(func: object, args: object, kwargs: object,
                                    and all(isinstance(k, str) for k in kwargs)):
         raise ConfigError("kwargs must be a dict with string keys")
     opts = _canonical(options)
-    for name in ("np", "min_np", "max_np", "slots"):
+    for name in ("np", "min_np", "max_np", "slots", "shard_size"):
         _integer(opts, name, 1)
     _integer(opts, "reset_limit", 0)
     _integer(opts, "ssh_port", 1, 65535)
@@ -149,6 +151,7 @@ def job_settings(func: object, args: object, kwargs: object,
     try:
         config = build_config(
             command=command, np=opts["np"], min_np=opts["min_np"], max_np=opts["max_np"],
+            shard_size=1 if opts["shard_size"] is None else opts["shard_size"],
             hosts=_hosts(opts["hosts"]), hostfile=_path(opts, "hostfile"),
             discovery_script=_path(opts, "discovery"),
             discovery_interval=opts["discovery_interval"],

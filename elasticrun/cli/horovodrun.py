@@ -43,11 +43,17 @@ from elasticrun.process_setup import setup_logging
                    "flags given on the command line override it.")
 @click.option("-np", "--num-proc", "np", type=click.IntRange(min=1),
               help="Number of worker processes to start with [default: --min-np, or all slots "
-                   "of -H].")
+                   "of -H that fill whole replica groups of --shard-size].")
 @click.option("--min-np", "--min-num-proc", "min_np", type=click.IntRange(min=1),
               help="Fewest workers the job may run with; makes the job elastic.")
 @click.option("--max-np", "--max-num-proc", "max_np", type=click.IntRange(min=1),
               help="Most workers the job may grow to [default: -np, or no limit when elastic].")
+@click.option("--shard-size", type=click.IntRange(min=1), default=1, show_default=True,
+              metavar="S",
+              help="Workers per replica group (elastic HSDP): every round is made of groups "
+                   "of S consecutive ranks on one host, so a host gives its slots in "
+                   "multiples of S (the rest stay unused) and a lost host takes whole groups "
+                   "with it. -np, --min-np and --max-np must be multiples of S.")
 @click.option("-H", "--hosts", "hosts", metavar="HOST:SLOTS,...",
               help="Fixed host list, e.g. 'node1:4,node2:4'. Default: localhost:<np>.")
 @click.option("--hostfile", type=click.Path(path_type=Path),

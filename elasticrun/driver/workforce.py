@@ -72,7 +72,7 @@ class Workforce:
             error_dir=error_dir,
             snapshot_dir=snapshot_directory(job_id) if config.host_snapshots else None,
             checkpoint_dir=config.checkpoint_dir,
-            checkpoint_interval=config.checkpoint_interval)
+            checkpoint_interval=config.checkpoint_interval, shard_size=config.shard_size)
         settings = PoolSettings(config.command, config.working_dir, config.stop_grace_period,
                                 env, launcher_env(), extra_env)
         self.pool = WorkerPool(settings, self._launcher, self._dial_address, self._output,

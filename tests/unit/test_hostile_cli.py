@@ -16,7 +16,7 @@ VALUED_FLAGS = ["-np", "--min-np", "--max-np", "-H", "--discovery-interval",
                 "--discovery-timeout", "--slots-per-host", "--start-timeout",
                 "--elastic-timeout", "--reset-limit", "--collective-timeout",
                 "--driver-timeout", "--ssh-port", "--port", "--bind", "--discovery",
-                "--event-webhook", "--log-level", "--network-interface"]
+                "--event-webhook", "--log-level", "--network-interface", "--shard-size"]
 VALUES = st.one_of(
     st.text(max_size=30),
     st.sampled_from(["0", "-1", "1e400", "nan", "inf", "-0", "99999999999999999999", "",

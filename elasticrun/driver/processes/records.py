@@ -65,6 +65,7 @@ class EnvSettings:
     snapshot_dir: Path | None = None  # each host's snapshots of commits (None: off)
     checkpoint_dir: Path | None = None  # --checkpoint-dir
     checkpoint_interval: float = 60.0
+    shard_size: int = 1  # --shard-size
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,7 @@ def job_env(
         protocol.ENV_SNAPSHOT_DIR: str(settings.snapshot_dir or ""),
         protocol.ENV_CHECKPOINT_DIR: str(settings.checkpoint_dir or ""),
         protocol.ENV_CHECKPOINT_INTERVAL: f"{settings.checkpoint_interval:g}",
+        protocol.ENV_SHARD_SIZE: str(settings.shard_size),
         "MASTER_ADDR": master_addr,
         "MASTER_PORT": str(master_port),
         "PYTHONUNBUFFERED": "1",

@@ -71,7 +71,8 @@ def hosts_in_rank_order(assignment: Assignment) -> list[str]:
 
 def assign_keeping_state(hosts: Sequence[tuple[str, int]], max_size: int | None,
                          holders: Sequence[SlotId],
-                         keepers: Sequence[SlotId] | None = None) -> Assignment:
+                         keepers: Sequence[SlotId] | None = None, *,
+                         shard_size: int = 1) -> Assignment:
     """Like assign(), but rank 0 always goes to a worker that holds the committed state.
 
     `holders` are the slots, in rank order, of the live workers that hold it (the current
@@ -81,7 +82,9 @@ def assign_keeping_state(hosts: Sequence[tuple[str, int]], max_size: int | None,
     is wanted any more (every host replaced at once), the first holder stays for one more
     round as rank 0 and hands the state over; the round after that lets it go.
     `keepers` (default: `holders`) narrows who can do that: the workers known to hold the
-    committed state, which may include one leaving the job.
+    committed state, which may include one leaving the job. With `shard_size` S, the
+    keeper's host gives its slots up to the keeper's, rounded up to a whole replica group
+    (`hosts` and `max_size` already come in multiples of S).
     """
     holder_hosts = list(dict.fromkeys(slot.host for slot in holders))
     ordered = sorted(hosts, key=lambda entry: (holder_hosts.index(entry[0])
@@ -92,4 +95,5 @@ def assign_keeping_state(hosts: Sequence[tuple[str, int]], max_size: int | None,
         return assignment
     keeper = keepers[0]
     rest = [(host, slots) for host, slots in ordered if host != keeper.host]
-    return assign([(keeper.host, keeper.index + 1), *rest], max_size)
+    kept = -(-(keeper.index + 1) // shard_size) * shard_size
+    return assign([(keeper.host, kept), *rest], max_size)

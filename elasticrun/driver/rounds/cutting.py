@@ -11,7 +11,7 @@ same failure with no commit in between.
 from __future__ import annotations
 
 from elasticrun.discovery.parsing import format_hosts
-from elasticrun.driver.rounds import growth, joins, planner, restarts, total_loss
+from elasticrun.driver.rounds import growth, joins, planner, replica_groups, restarts, total_loss
 from elasticrun.driver.rounds.assignment import Assignment, SlotId
 from elasticrun.driver.rounds.capacity import shortfall, start_refusal
 from elasticrun.driver.rounds.events import OpenRound, Spawn, TimerKind
@@ -30,7 +30,8 @@ def try_start(step: Step, waited_out: bool) -> None:
     state, config = step.state, step.config
     if state.phase is not JobPhase.STARTING:
         return
-    available = sum(state.hosts.usable(step.now).values())
+    replica_groups.note_left_over(step)
+    available = sum(planner.usable_slots(state, config.shard_size, step.now).values())
     refusal = start_refusal(config, available, state.hosts, waited_out)
     if refusal is not None:
         step.fail(refusal)
@@ -64,11 +65,12 @@ def cut(step: Step) -> None:
     if restoring and planner.state_lost(state, now):
         if _awaiting_sync_reports(step) or not total_loss.restart(step):
             return
-    capacity = planner.capacity(state, config.max_np, now)
+    replica_groups.note_left_over(step)
+    capacity = planner.capacity(state, config.max_np, config.shard_size, now)
     if capacity < config.min_np:
         _short_of_slots(step, capacity)
         return
-    target = planner.desired(state, config.max_np, now)
+    target = planner.desired(state, config.max_np, config.shard_size, now)
     state.capacity_deadline = None
     if not restoring and planner.state_lost(state, now):
         if not _awaiting_sync_reports(step):

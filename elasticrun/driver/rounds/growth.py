@@ -13,7 +13,7 @@ kept until then, holding the committed state: a host that comes back is used aga
 
 from __future__ import annotations
 
-from elasticrun.driver.rounds import planner, restarts
+from elasticrun.driver.rounds import planner, replica_groups, restarts
 from elasticrun.driver.rounds.assignment import Assignment
 from elasticrun.driver.rounds.events import PostNotice, Spawn, TimerKind
 from elasticrun.driver.rounds.state import JobPhase, WorkerRecord
@@ -29,16 +29,17 @@ def plan(step: Step) -> None:
     if state.phase is not JobPhase.RUNNING or current is None:
         return  # a round is being cut: it will take the hosts as they are
     growth = state.growth
-    capacity = planner.capacity(state, config.max_np, step.now)
+    replica_groups.note_left_over(step)
+    capacity = planner.capacity(state, config.max_np, config.shard_size, step.now)
     if restarts.plain(state):  # no standbys: the round starts over on the new hosts
-        if capacity < config.min_np \
-                or planner.desired(state, config.max_np, step.now) != current.assignment:
+        if capacity < config.min_np or planner.desired(
+                state, config.max_np, config.shard_size, step.now) != current.assignment:
             step.request_cut(0.0)
         return
     if capacity < config.min_np:
         _short_of_slots(step, capacity)
         return
-    target = planner.desired(state, config.max_np, step.now)
+    target = planner.desired(state, config.max_np, config.shard_size, step.now)
     unwanted = [w for wid in growth.ids if (w := state.workers.get(wid)) is not None
                 and w.slot not in target]
     step.stop_workers(unwanted)

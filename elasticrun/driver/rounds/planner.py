@@ -13,13 +13,19 @@ from elasticrun.driver.rounds.assignment import (
     hosts_in_rank_order,
     order_hosts,
 )
+from elasticrun.driver.rounds.replica_groups import whole_groups, whole_size
 from elasticrun.driver.rounds.state import JobState, WorkerRecord, WorkerStatus
 
 
-def desired(state: JobState, max_np: int | None, now: float) -> Assignment:
+def usable_slots(state: JobState, shard_size: int, now: float) -> dict[str, int]:
+    """The usable hosts' slots that whole replica groups of `shard_size` fill."""
+    return whole_groups(state.hosts.usable(now), shard_size)
+
+
+def desired(state: JobState, max_np: int | None, shard_size: int, now: float) -> Assignment:
     """The round the usable hosts give: hosts in their old order, survivors first. If no
     member holds the committed state but a leaving worker still does, it is kept."""
-    usable = state.hosts.usable(now)
+    usable = usable_slots(state, shard_size, now)
     ordered = order_hosts(hosts_in_rank_order(state.assignment), usable)
     holders = state.holders()
     alive = survivors(state, now, holders)
@@ -27,15 +33,18 @@ def desired(state: JobState, max_np: int | None, now: float) -> Assignment:
     if state.state_committed:  # once there is state to keep, only its holders can
         keepers = [slot for slot in alive if holders[slot].synced_round > 0] \
             or leaving_holders(state, now) or alive
-    return assign_keeping_state([(host, usable[host]) for host in ordered], max_np,
-                                alive, keepers)
+    return assign_keeping_state([(host, usable[host]) for host in ordered],
+                                whole_size(max_np, shard_size), alive, keepers,
+                                shard_size=shard_size)
 
 
-def capacity(state: JobState, max_np: int | None, now: float) -> int:
-    """The slots discovery offers now (usable hosts, at most --max-np): what --min-np is
-    compared with. A worker kept only to hand the state over does not count."""
-    slots = sum(state.hosts.usable(now).values())
-    return slots if max_np is None else min(slots, max_np)
+def capacity(state: JobState, max_np: int | None, shard_size: int, now: float) -> int:
+    """The slots discovery offers now (usable hosts, in whole replica groups, at most
+    --max-np): what --min-np is compared with. A worker kept only to hand the state over
+    does not count."""
+    slots = sum(usable_slots(state, shard_size, now).values())
+    cap = whole_size(max_np, shard_size)
+    return slots if cap is None else min(slots, cap)
 
 
 def survivors(state: JobState, now: float,

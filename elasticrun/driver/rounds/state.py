@@ -190,6 +190,8 @@ class JobState:
     # Hosts failed since a round last settled (every member synced): a total loss gives them
     # back, whichever of the rounds opened meanwhile (from workers already dead) they failed in.
     failed_unsettled: set[str] = field(default_factory=set)
+    # host -> its usable slots that fill no replica group (--shard-size), as last logged
+    left_over: dict[str, int] = field(default_factory=dict)
 
     @property
     def round_number(self) -> int:
