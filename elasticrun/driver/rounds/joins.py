@@ -185,6 +185,8 @@ def reset_requested(step: Step, worker: WorkerRecord, event: JoinAsked) -> None:
         return
     state.resets[worker.id] = ResetRequest(worker.id, worker.rank, worker.slot.host,
                                            event.failure, event.committed)
+    if event.failure:  # it left the round on a failure: its peers' collectives cannot finish
+        step.break_round(current.number)
     expected = state.notice_seq > current.notice_seq  # a host change was announced
     if expected or len(state.resets) >= len(current.member_ids):
         step.request_cut(0.0)
