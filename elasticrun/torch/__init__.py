@@ -75,6 +75,14 @@ from elasticrun.torch.functions import (
     broadcast_optimizer_state,
     broadcast_parameters,
 )
+from elasticrun.torch.hsdp import (
+    num_replicas,
+    replica_rank,
+    replicate,
+    shard_mesh,
+    shard_rank,
+    shard_size,
+)
 from elasticrun.torch.optimizer import DistributedOptimizer
 from elasticrun.torch.sync_batch_norm import SyncBatchNorm
 from elasticrun.torch.world import runtime
@@ -134,7 +142,8 @@ __all__ = [
     "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
     "grouped_allreduce_async_", "grouped_reducescatter", "grouped_reducescatter_async",
     "init", "is_homogeneous", "is_initialized", "join", "local_rank", "local_size",
-    "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "poll", "process_group_for",
-    "rank", "reducescatter", "reducescatter_async", "remove_process_set", "rocm_built", "shutdown",
+    "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "num_replicas", "poll",
+    "process_group_for", "rank", "reducescatter", "reducescatter_async", "remove_process_set",
+    "replica_rank", "replicate", "rocm_built", "shard_mesh", "shard_rank", "shard_size", "shutdown",
     "size", "sparse_allreduce_async", "start_timeline", "stop_timeline", "synchronize",
 ]

@@ -37,6 +37,14 @@ INVENTORY = {
     "_foreach_copy_": "elasticrun/torch/elastic/snapshot.py",
     "_BatchNorm": "elasticrun/torch/sync_batch_norm.py",
     "_dynamo": "elasticrun/worker/template.py",  # preloaded by name
+    # by hand, FSDP2 and DeviceMesh internals: a replica group's groups are rebuilt every
+    # round, and the mesh and FSDP's mesh infos are pointed at the new one
+    "_get_fsdp_state": "elasticrun/torch/hsdp.py",
+    "_fsdp_param_groups": "elasticrun/torch/hsdp.py",
+    "_dim_group_names": "elasticrun/torch/hsdp.py",
+    "_pg_registry": "elasticrun/torch/hsdp.py",
+    "_rank_map": "elasticrun/torch/hsdp.py",
+    "_is_root": "elasticrun/torch/hsdp.py",
 }
 TORCH_ROOTS = {"torch", "dist", "F", "nn"}  # how elasticrun's modules name torch
 
@@ -94,7 +102,7 @@ def test_set_pg_timeout(world: dist.ProcessGroup) -> None:
 
 def test_world_group_count(tmp_path: Path) -> None:
     """torch names a default group's store keys from _world.group_count; a failed build
-    puts the count back (groups._set_group_count), a destroyed group resets it to 0."""
+    puts the count back (groups.set_group_count), a destroyed group resets it to 0."""
     world_state = getattr(dist.distributed_c10d, "_world", None)
     assert isinstance(getattr(world_state, "group_count", None), int), changed(
         "_world", "distributed_c10d._world.group_count is gone")
@@ -106,7 +114,7 @@ def test_world_group_count(tmp_path: Path) -> None:
     try:
         assert groups.group_count() == before + 1, changed(
             "_world", "building the default group no longer counts one group")
-        groups._set_group_count(before + 5)
+        groups.set_group_count(before + 5)
         assert dist.distributed_c10d._world.group_count == before + 5, changed(
             "_world", "the group counter cannot be set")
     finally:
@@ -230,3 +238,38 @@ def test_the_inventory_is_whole() -> None:
     assert not untested, f"private torch APIs without a test in this file: {untested}"
     for name, paths in found.items():
         assert paths <= {INVENTORY[name]}, f"{name} is used by {sorted(paths)} too"
+
+
+def test_fsdp_groups_can_be_pointed_at_a_new_group(world: dist.ProcessGroup) -> None:
+    """hsdp.py points a sharded model at each round's group: FSDP2 reads its groups through
+    its mesh infos (_get_fsdp_state()._fsdp_param_groups, .mesh_info, .fsdp_params), the
+    DeviceMesh resolves its group from _dim_group_names and _pg_registry, and _rank_map holds
+    its global ranks; reset_iter_state (on the root, _is_root) drops a failed iteration."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = DeviceMesh.from_group(world, "cpu")
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    fully_shard(model[0], mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    state = model._get_fsdp_state()  # type: ignore[operator]
+    param_group = state._fsdp_param_groups[0]
+    assert param_group.mesh_info.shard_process_group is world, changed("_get_fsdp_state")
+    assert all(p.mesh_info.mesh is mesh for p in param_group.fsdp_params), changed(
+        "_fsdp_param_groups", "FSDPParam.mesh_info no longer holds the mesh")
+    assert mesh._dim_group_names == [world.group_name], changed("_dim_group_names")
+    assert mesh._pg_registry[world.group_name] is world, changed("_pg_registry")
+    assert mesh._rank_map.tolist() == [0], changed("_rank_map")
+    replacement = dist.new_group([0])
+    mesh._dim_group_names = [replacement.group_name]
+    mesh._pg_registry[replacement.group_name] = replacement
+    param_group.mesh_info.shard_process_group = replacement
+    assert mesh.get_group() is replacement, changed("_dim_group_names",
+                                                    "the mesh did not take the new group")
+    assert param_group._all_gather_process_group is replacement, changed(
+        "_fsdp_param_groups", "FSDP did not take the new group")
+    model(torch.randn(3, 4)).sum().backward()
+    assert state._is_root is True, changed("_is_root")
+    model(torch.randn(3, 4))  # a forward left mid-iteration
+    model.reset_iter_state()  # type: ignore[operator]
+    assert all(isinstance(p, torch.distributed.tensor.DTensor) for p in model.parameters())

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from elasticrun.torch.elastic.shards import local_part
+
 log = logging.getLogger("elasticrun.worker")
 
 PLACES = ("auto", "device", "host")
@@ -88,7 +90,9 @@ def _reusable(previous: torch.Tensor, tensor: torch.Tensor, placement: Placement
 def snapshot_tensors(tensors: dict[str, torch.Tensor], previous: dict[str, torch.Tensor] | None,
                      placement: Placement) -> dict[str, torch.Tensor]:
     """A copy of a flat name -> tensor mapping (a model's state_dict). When `previous` has
-    the same layout, its buffers are refilled with one fused copy."""
+    the same layout, its buffers are refilled with one fused copy. A DTensor's copy is of
+    its local shard."""
+    tensors = {name: local_part(t) for name, t in tensors.items()}
     placement.decide(list(tensors.values()))
     if previous is not None and previous.keys() == tensors.keys() and all(
         _reusable(p, t, placement)
@@ -105,6 +109,7 @@ def snapshot(tree: Any, previous: Any = None, placement: Placement | None = None
     are copied where they are (for restoring from a commit)."""
     where = placement if placement is not None else _WHERE_THEY_ARE
     if isinstance(tree, torch.Tensor):
+        tree = local_part(tree)
         if isinstance(previous, torch.Tensor) and _reusable(previous, tree, where):
             where.refill([previous], [tree])
             return previous
@@ -123,7 +128,7 @@ def snapshot(tree: Any, previous: Any = None, placement: Placement | None = None
 
 def _tensors(tree: Any) -> Iterator[torch.Tensor]:
     if isinstance(tree, torch.Tensor):
-        yield tree
+        yield local_part(tree)
     elif isinstance(tree, dict):
         for value in tree.values():
             yield from _tensors(value)

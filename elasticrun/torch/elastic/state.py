@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from elasticrun.torch import functions
-from elasticrun.torch.elastic import restoring
+from elasticrun.torch import functions, hsdp
+from elasticrun.torch.elastic import restoring, shard_sync, shards
 from elasticrun.torch.elastic.commit_files import WHOLE
 from elasticrun.torch.elastic.keeper import CommitKeeper, KeepingSettings
 from elasticrun.torch.elastic.snapshot import (
@@ -162,10 +162,18 @@ class TorchState(State):
         # Loading must copy: an optimizer keeps the tensors it is given and updates them
         # in place, which would silently change the commit.
         self._placement.settle()
-        if self.model is not None:
-            self.model.load_state_dict(self._saved["model"])
-        if self.optimizer is not None:
-            self.optimizer.load_state_dict(snapshot(self._saved["optimizer"]))
+        if shards.is_sharded(self.model):
+            assert self.model is not None
+            hsdp.reset_iterations(self.model)  # a failure mid-step left FSDP mid-step
+            shards.load_model_shards(self.model, self._saved["model"])
+            if self.optimizer is not None:
+                self.optimizer.load_state_dict(
+                    shards.optimizer_state(self.optimizer, snapshot(self._saved["optimizer"])))
+        else:
+            if self.model is not None:
+                self.model.load_state_dict(self._saved["model"])
+            if self.optimizer is not None:
+                self.optimizer.load_state_dict(snapshot(self._saved["optimizer"]))
         self._load_objects(snapshot(self._saved["objects"]))
 
     def sync(self) -> None:
@@ -175,12 +183,17 @@ class TorchState(State):
         are equal already."""
         generation = -1 if self._generation is None else self._generation
         unsettled = groups.take_unsettled()
+        sharded = shards.is_sharded(self.model)
         # Every rank takes part in the check, a rank that never synced too. After an NCCL
         # group was cut, equal commit counts may hide tensors that differ (a reduction cut
-        # midway): the ranks compare checksums of what they hold too.
-        checksum = fingerprint(self._tensor_states()) if unsettled else 0
+        # midway): the ranks compare checksums of what they hold too (whole state only:
+        # shards differ by design).
+        checksum = fingerprint(self._tensor_states()) if unsettled and not sharded else 0
+        held = generation
         root, generation = restoring.sync_root(self, generation, checksum)
-        if root is not None and (self.model is not None or self.optimizer is not None):
+        if root is not None and sharded:
+            shard_sync.sync_shards(self.model, self.optimizer, held, root)
+        elif root is not None and (self.model is not None or self.optimizer is not None):
             self._broadcast_tensors(root)
         self._generation = generation
         self._sync_objects(root or 0)

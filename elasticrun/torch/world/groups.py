@@ -58,7 +58,7 @@ def init_process_group(slot: SlotInfo, store: dist.Store, timeout: float) -> Non
         # member must have built (and destroyed) as many groups as the others. Destroying a
         # group resets the counter; a failed attempt has nothing to destroy, so undo its step
         # (or this worker could never meet its peers again: they would wait on other keys).
-        _set_group_count(names_before)
+        set_group_count(names_before)
         raise
     dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=timeout))
 
@@ -76,7 +76,7 @@ def init_nccl_group(device: torch.device | None, timeout: float) -> dist.Process
         group = dist.new_group(backend="nccl", pg_options=options, device_id=device,
                                timeout=options._timeout)
     except BaseException:
-        _set_group_count(names_before)
+        set_group_count(names_before)
         raise
     assert group is not None
     return group
@@ -120,7 +120,7 @@ def group_count() -> int | None:
     return getattr(world, "group_count", None)
 
 
-def _set_group_count(value: int | None) -> None:
+def set_group_count(value: int | None) -> None:
     world = getattr(dist.distributed_c10d, "_world", None)
     if value is not None and world is not None and hasattr(world, "group_count"):
         world.group_count = value

@@ -46,6 +46,7 @@ class Joiner(Protocol):
     session: RoundSession | None
     stall_watch: StallWatch | None
     notices: NoticeWatcher | None
+    shard_size: int
 
 
 def join_next_round(runtime: Joiner, connect: Connect, last_round: int, failure: str,
@@ -76,7 +77,7 @@ def join_next_round(runtime: Joiner, connect: Connect, last_round: int, failure:
             store = DriverStore(client, runtime.worker_id, timeout=runtime.collective_timeout)
             session = RoundSession.for_reply(reply, store, runtime.collective_timeout,
                                              runtime.driver_peer, runtime.plane,
-                                             runtime.stall_watch)
+                                             runtime.stall_watch, runtime.shard_size)
             if runtime.stall_watch is not None:
                 runtime.stall_watch.clock.restart()
             runtime.session = session

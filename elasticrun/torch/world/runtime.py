@@ -14,6 +14,7 @@ import logging
 import os
 import socket
 import sys
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -27,6 +28,7 @@ from elasticrun.torch.world.devices import DataPlane
 from elasticrun.torch.world.groups import group_count as _group_count  # noqa: F401 - tests use it
 from elasticrun.torch.world.groups import init_process_group as _init_process_group
 from elasticrun.torch.world.joining import JoinTiming, join_next_round
+from elasticrun.torch.world.replicas import shard_size_from_env
 from elasticrun.torch.world.session import RoundSession
 from elasticrun.worker import foothold, timeline
 from elasticrun.worker.client import DriverClient, DriverUnreachableError, RequestRefusedError
@@ -55,6 +57,7 @@ class Runtime:
         collective_timeout: float = 60.0,
         round_timeout: float = 600.0,
         driver_peer: tuple[str, int] = ("", 0),
+        shard_size: int = 1,
     ) -> None:
         self.client = client
         self.worker_id = worker_id
@@ -70,6 +73,9 @@ class Runtime:
         # The commit this worker's last sync restored (number, where from): told to the
         # driver with its next sync report.
         self.restored: tuple[int, str] | None = None
+        self.shard_size = shard_size  # --shard-size: replica groups of this many ranks
+        # Called after every round this worker joins (what outlives a round, rebound to it).
+        self.on_round: list[Callable[[], None]] = []
 
     @classmethod
     def from_env(cls) -> Runtime:
@@ -81,6 +87,7 @@ class Runtime:
             round_timeout=float(env.get(protocol.ENV_ROUND_TIMEOUT, "600")),
             driver_peer=_resolve(env[protocol.ENV_RENDEZVOUS_ADDR],
                                  int(env[protocol.ENV_RENDEZVOUS_PORT])),
+            shard_size=shard_size_from_env(),
         )
 
     @property
@@ -227,6 +234,8 @@ class Runtime:
 
     def _join(self, last_round: int, failure: str, committed: bool) -> None:
         self.last_join = join_next_round(self, _connect, last_round, failure, committed)
+        for listener in self.on_round:
+            listener()
 
     def _lane(self) -> tuple[int, str]:
         """This worker's rank (-1 before its first round) and host, for its timeline lane."""

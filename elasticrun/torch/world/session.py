@@ -44,6 +44,7 @@ from elasticrun.torch.world.groups import (
     init_nccl_group,
     init_process_group,
 )
+from elasticrun.torch.world.replicas import ReplicaGroups, ReplicaLayout
 from elasticrun.torch.world.works import InFlight, Work, drop_when_done, wait_abortably
 from elasticrun.worker.elastic import WorkersFailedError
 from elasticrun.worker.liveness import StallWatch
@@ -75,6 +76,7 @@ class RoundSession:
         device: torch.device | None = None,
         agree: bool = False,
         stall_watch: StallWatch | None = None,
+        shard_size: int = 1,
     ) -> None:
         self.number = number
         self.stall_watch = stall_watch  # reports waits far longer than usual (hang detection)
@@ -88,6 +90,8 @@ class RoundSession:
         self.device = device  # the GPU this worker is pinned to, if any
         self._agree = agree  # backend "auto": NCCL only if every rank can use it
         self.device_group: dist.ProcessGroup | None = None  # NCCL, for CUDA tensors
+        self.shard_size = shard_size  # --shard-size: replica groups are built when above 1
+        self.replicas: ReplicaGroups | None = None
         self._lock = threading.Lock()
         self._sockets: dict[int, str] = {}  # fd -> inode of the group's connections
         self._aborted = False
@@ -98,13 +102,14 @@ class RoundSession:
     @classmethod
     def for_reply(cls, reply: protocol.JoinReply, store: dist.Store, collective_timeout: float,
                   driver_peer: tuple[str, int], plane: DataPlane,
-                  stall_watch: StallWatch | None = None) -> RoundSession:
+                  stall_watch: StallWatch | None = None, shard_size: int = 1) -> RoundSession:
         """The session of the round the driver just placed this worker in."""
         assert reply.slot is not None
         return cls(reply.round, reply.slot, store, notice_seq=reply.notice_seq,
                    collective_timeout=collective_timeout, driver_peer=driver_peer,
                    key_prefix=protocol.round_prefix(reply.round), backend=plane.backend,
-                   device=plane.device, agree=plane.agree, stall_watch=stall_watch)
+                   device=plane.device, agree=plane.agree, stall_watch=stall_watch,
+                   shard_size=shard_size)
 
     @property
     def built(self) -> bool:
@@ -130,6 +135,7 @@ class RoundSession:
                     connect(self.slot, store, self.collective_timeout)
                 self._hold_sockets(before)
                 self._build_device_group()
+                self._build_replica_groups()
             self._built = True
         finally:  # on failure too: a half-built group's connections must be cut
             with self._lock:
@@ -168,6 +174,17 @@ class RoundSession:
             self.device_group = group
             if self._aborted:  # the round broke while the communicator was connecting
                 abort_nccl(group)
+
+    def _build_replica_groups(self) -> None:
+        if self.shard_size == 1:
+            return
+        layout = ReplicaLayout(self.slot.rank, self.slot.size, self.shard_size)
+        replicas = ReplicaGroups.build(layout, self.collective_timeout,
+                                       nccl=self.backend == "nccl")
+        with self._lock:
+            self.replicas = replicas
+            if self._aborted:
+                replicas.abort(drained=False)
 
     def _wait_in_build(self, work: dist.Work) -> None:
         """The build's own collective: abortable as wait() (but no stall is reported: a
@@ -216,8 +233,11 @@ class RoundSession:
             count = sever(self._sockets)
             self._sockets = {}
             group = self.device_group
+            replicas = self.replicas
         if group is not None:
             abort_nccl(group, drained=self._drained)
+        if replicas is not None:
+            replicas.abort(drained=self._drained)
         return count
 
     def leave(self, *, last: bool = False) -> None:
@@ -237,8 +257,11 @@ class RoundSession:
         self.abort()
         gc.collect(1)  # young cycles may still hold the round's works
         groups = [group for group in (default_group(), self.device_group) if group is not None]
+        if self.replicas is not None:
+            groups += self.replicas.groups()
         destroy_process_group()
         self.device_group = None
+        self.replicas = None
         in_flight = self._in_flight.pending()
         if last and not in_flight:
             groups.clear()
