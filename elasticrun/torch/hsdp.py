@@ -37,7 +37,8 @@ _mesh_shard_rank = 0  # the shard index it was made for
 _models: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()  # given to replicate()
 
 
-def _layout() -> ReplicaLayout:
+def layout() -> ReplicaLayout:
+    """This worker's place among the current round's replica groups."""
     current = runtime.current()
     slot = current.slot
     return ReplicaLayout(slot.rank, slot.size, current.shard_size)
@@ -45,22 +46,22 @@ def _layout() -> ReplicaLayout:
 
 def shard_rank() -> int:
     """This worker's place in its replica group: the index of the shard it holds."""
-    return _layout().shard_rank
+    return layout().shard_rank
 
 
 def shard_size() -> int:
     """The number of ranks in a replica group (the job's --shard-size)."""
-    return _layout().shard_size
+    return layout().shard_size
 
 
 def replica_rank() -> int:
     """The index of this worker's replica group in the current round."""
-    return _layout().replica_rank
+    return layout().replica_rank
 
 
 def num_replicas() -> int:
     """The number of replica groups in the current round."""
-    return _layout().num_replicas
+    return layout().num_replicas
 
 
 def _replica_groups() -> ReplicaGroups:

@@ -148,3 +148,31 @@ def test_slots_that_cannot_fill_a_group_wait(tmp_path: Path) -> None:
     assert len(result.events("start")) == 2
     assert {r["size"] for r in result.events("final")} == {2}
     _assert_matches_replay(log_dir, result.records)
+
+
+def test_every_worker_killed_restores_the_shards_from_host_snapshots(tmp_path: Path) -> None:
+    """Every worker SIGKILLed at once: the driver restarts the job, and each shard index is
+    read back from the hosts' snapshots (a file per shard index) and sent to its group."""
+    log_dir, records = _job(tmp_path, [], {"HSDP_STEPS": "9", "HSDP_FAULTS": "5:*:sigkill"})
+    _assert_matches_replay(log_dir, records)
+    assert len([r for r in records if r["event"] == "start"]) == 8  # a second set of four
+    resumed = [r for r in records if r["event"] == "round" and r["step"] > 0]
+    assert resumed and {r["step"] for r in resumed} <= {3, 4}  # the last commit or the one before
+    _assert_replicas_agree(records)
+
+
+def test_a_checkpoint_of_one_shard_size_loads_at_another(tmp_path: Path) -> None:
+    """A job of 2 replica groups of 2 keeps its commits in --checkpoint-dir; the same script
+    run again as 1 group of 4 goes on from the last one, each rank cutting its own shard."""
+    checkpoints = tmp_path / "checkpoints"
+    flags = ["--checkpoint-dir", str(checkpoints), "--checkpoint-interval", "0"]
+    _, first = _job(tmp_path / "a", flags, {"HSDP_STEPS": "5"})
+    log_dir = tmp_path / "b" / "logs"
+    result = run_job(["-np", "4", "-H", "127.0.0.1:4", "--shard-size", "4", *flags, PYTHON,
+                      TRAIN], {"HSDP_STEPS": "8"}, timeout=150, log_dir=log_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    resumed = result.events("round")
+    assert {r["step"] for r in resumed} == {5} and {r["shard_rank"] for r in resumed} == \
+        {0, 1, 2, 3}
+    _assert_matches_replay(log_dir, first + result.records)
+    _assert_replicas_agree(result.records)

@@ -4,8 +4,10 @@ A file is `torch.save` of a dict, readable with plain torch
 (`torch.load(path, weights_only=False)`): "model" (a state_dict), "optimizer" (a
 state_dict), "objects" (the other committed attributes, stateful ones as their
 state_dicts), "commit" (the job's commit number), "holding" (what part of the state the
-writing rank holds: "whole" for every rank of a data-parallel job; a sharded rank will
-write its shard) and "format"/"version".
+writing rank holds: "whole" for every rank of a data-parallel job, "whole.shard1of2" for
+the local shards of shard index 1 of 2 (elastic HSDP)) and "format"/"version". A sharded
+commit is a file per shard index; two complete commits of each are kept, so that one
+commit is found whole in every index even when its writers were killed midway.
 
 A file is whole or absent: it is written under a temporary name, flushed (fsynced where it
 must survive the machine), then renamed; a writer killed midway leaves only a temporary
@@ -31,9 +33,10 @@ from elasticrun.worker.elastic import UnrecoverableStateError
 FORMAT = "elasticrun-commit"
 VERSION = 1
 WHOLE = "whole"  # every rank holds the whole state (data parallelism)
+_SHARD = re.compile(r"^(.*)\.shard(\d+)of(\d+)$")
 _NAME = re.compile(r"^commit-(\d{12})\.([A-Za-z0-9_.-]+)\.pt$")
 _TEMPORARY = re.compile(r"^\.commit-.*\.tmp-(\d+)$")
-_SLOT = re.compile(r"^slot-(\d+)-[01]\.[A-Za-z0-9_.-]+\.pt$")
+_SLOT = re.compile(r"^slot-(\d+)-\d\.[A-Za-z0-9_.-]+\.pt$")
 
 
 class CheckpointMismatchError(UnrecoverableStateError):
@@ -52,6 +55,23 @@ class CommitFile:
     path: Path
     commit: int
     holding: str
+
+
+def shard_holding(holding: str, index: int, count: int) -> str:
+    """The holding of shard index `index` of `count` of a state held as `holding`."""
+    return f"{holding}.shard{index}of{count}"
+
+
+def parse_shard(holding: str) -> tuple[str, int, int] | None:
+    """(the state's holding, shard index, shard count) of a shard's holding; None if whole."""
+    match = _SHARD.match(holding)
+    return None if match is None else (match.group(1), int(match.group(2)),
+                                       int(match.group(3)))
+
+
+def kept_commits(holding: str) -> int:
+    """How many complete commits of one holding are kept: two of a shard's."""
+    return 2 if parse_shard(holding) is not None else 1
 
 
 def file_name(commit: int, holding: str) -> str:
@@ -101,6 +121,7 @@ class SlotWriter:
         self._turn = 0
 
     def write(self, commit: int, holding: str, content: Mapping[str, Any]) -> CommitFile:
+        """(One slot more than the commits kept: the one written is never published.)"""
         slot = f"slot-{os.getpid()}-{self._turn}.{holding}.pt"
         path = self.directory / slot
         with open(path, "r+b" if path.exists() else "wb") as stream:
@@ -114,7 +135,7 @@ class SlotWriter:
             link.unlink()
         os.symlink(slot, link)
         os.replace(link, final)
-        self._turn ^= 1
+        self._turn = (self._turn + 1) % (kept_commits(holding) + 1)
         return CommitFile(final, commit, holding)
 
 
@@ -156,9 +177,10 @@ def newest(directory: Path, holding: str) -> CommitFile | None:
 
 
 def prune(directory: Path, keep: CommitFile) -> None:
-    """Removes `keep`'s older files of its holding, and temporary files whose writer is gone
-    (killed midway)."""
-    for old in complete(directory, keep.holding):
+    """Removes `keep`'s older files of its holding (but the one before it, for a shard),
+    and temporary files whose writer is gone (killed midway)."""
+    older = [f for f in complete(directory, keep.holding) if f.commit < keep.commit]
+    for old in older[:len(older) - kept_commits(keep.holding) + 1]:
         if old.commit < keep.commit:
             with contextlib.suppress(OSError):
                 old.path.unlink()

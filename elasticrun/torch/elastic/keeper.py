@@ -118,7 +118,8 @@ class CommitKeeper:
         self.settings = settings
         self._busy = threading.Lock()  # held while a commit's copies are being written
         self._wake = threading.Condition()
-        self._pending: tuple[int, str, Mapping[str, Any], bool, bool,
+        # (commit, holding, copies, host snapshot?, checkpoint?, checkpoint due now?, ready)
+        self._pending: tuple[int, str, Mapping[str, Any], bool, bool, bool,
                              Callable[[], None] | None] | None = None
         self._active = False
         self._thread: threading.Thread | None = None
@@ -143,15 +144,20 @@ class CommitKeeper:
 
     def kept(self, commit: int, holding: str, saved: Mapping[str, Any],
              host_writer: bool, checkpoint_writer: bool,
-             ready: Callable[[], None] | None = None) -> None:
+             ready: Callable[[], None] | None = None, checkpoint_due: bool | None = None
+             ) -> None:
         """Commit `commit` is in `saved` now (once `ready()` returns: copies still in flight
-        on a GPU): the thread writes it, replacing one not yet started."""
+        on a GPU): the thread writes it, replacing one not yet started. `checkpoint_due`:
+        whether it goes to the checkpoint dir (None: when --checkpoint-interval says; a
+        sharded state's ranks decide together, so that every shard index has the commit)."""
         snapshot = host_writer and self.settings.snapshot_dir is not None
-        checkpoint = checkpoint_writer and self.settings.checkpoint_dir is not None
+        checkpoint = checkpoint_writer and self.settings.checkpoint_dir is not None \
+            and checkpoint_due is not False
         if not snapshot and not checkpoint:
             return
         with self._wake:
-            self._pending = (commit, holding, saved, snapshot, checkpoint, ready)
+            self._pending = (commit, holding, saved, snapshot, checkpoint,
+                             checkpoint_due is True, ready)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="elasticrun-keeper",
                                                 daemon=True)
@@ -166,7 +172,7 @@ class CommitKeeper:
             self._busy.acquire()  # before the commit is taken: its copies cannot change now
             with self._wake:
                 assert self._pending is not None  # (only this thread takes it)
-                commit, holding, saved, snapshot, checkpoint, ready = self._pending
+                commit, holding, saved, snapshot, checkpoint, due, ready = self._pending
                 self._pending = None
                 self._active = True
                 self._wake.notify_all()
@@ -180,7 +186,7 @@ class CommitKeeper:
                         self._write_snapshot(commit, holding, saved)
                     if checkpoint:
                         self._last = (commit, holding, saved)
-                        if self._copier.due():
+                        if due or self._copier.due():
                             staged = self._stage(commit, holding, saved)
                 if staged is not None:
                     self._copier.offer(staged)

@@ -16,8 +16,8 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from elasticrun.torch import functions
-from elasticrun.torch.elastic import commit_files, keeper
+from elasticrun.torch import functions, hsdp
+from elasticrun.torch.elastic import commit_files, keeper, shard_restore, shards
 from elasticrun.torch.elastic.commit_files import (
     CheckpointMismatchError,
     UnreadableCommitError,
@@ -33,19 +33,44 @@ if TYPE_CHECKING:
 log = logging.getLogger("elasticrun.worker")
 
 
-def sync_root(state: TorchState, generation: int, checksum: int) -> tuple[int | None, int]:
+def sync_root(state: TorchState, generation: int, checksum: int
+              ) -> tuple[int | None, int, list[int]]:
     """The rank whose state the round takes (None: every rank holds the same commit, nothing
-    to send), and the ranks' commit generation after the sync."""
+    to send), the ranks' commit generation after the sync, and each rank's generation
+    before it (a sharded state's sync sends each shard from a rank that holds it)."""
     settings = state.keeping_settings
-    mine = keeper.offer(settings, state.holding) if generation < 0 and settings.keeps else None
-    if mine is not None:
-        mine = Offer(mine.commit, mine.place, mine.path, _hostname())
+    sharded = shards.is_sharded(state.model)
+    mine: Any = None
+    if generation < 0 and settings.keeps:
+        mine = _offer_shards(state, settings) if sharded else keeper.offer(settings, state.holding)
+        if isinstance(mine, Offer):
+            mine = Offer(mine.commit, mine.place, mine.path, _hostname())
     views = functions.allgather_object((generation, checksum, mine))
-    if all(g < 0 for g, _, _ in views):
-        return _restore(state, settings, [o for _, _, o in views]), 0
+    generations = [g for g, _, _ in views]
+    if all(g < 0 for g in generations):
+        if sharded:
+            root, restored = _restore_shards(state, settings, [o for _, _, o in views])
+            return root, 0, restored
+        return _restore(state, settings, [o for _, _, o in views]), 0, generations
     if generation >= 0 and all((g, c) == (generation, checksum) for g, c, _ in views):
-        return None, generation
-    return 0, 0
+        return None, generation, generations
+    return 0, 0, generations
+
+
+def _offer_shards(state: TorchState, settings: KeepingSettings) -> shard_restore.Layouts:
+    return shard_restore.found(settings, state.holding, hsdp.layout(), _hostname())
+
+
+def _restore_shards(state: TorchState, settings: KeepingSettings,
+                    views: list[shard_restore.Layouts | None]) -> tuple[int, list[int]]:
+    layout = hsdp.layout()
+    restored = shard_restore.restore(state, settings, layout, views)
+    if restored is not None:
+        root, generations = restored
+        return root, generations
+    if settings.restore_expected:
+        raise shard_restore.missing(settings)
+    return 0, [-1] * layout.size  # a new job: the root's replica group's shards
 
 
 def _restore(state: TorchState, settings: KeepingSettings, offers: list[Offer | None]) -> int:

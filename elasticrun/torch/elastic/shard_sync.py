@@ -17,7 +17,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from elasticrun.torch import functions
 from elasticrun.torch.elastic import shards
 from elasticrun.torch.world import runtime
 from elasticrun.torch.world.replicas import ReplicaGroups, ReplicaLayout
@@ -48,14 +47,13 @@ def plan_source(layout: ReplicaLayout, generations: Sequence[int], root: int
 
 
 def sync_shards(model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None,
-                generation: int, root: int) -> None:
+                generations: Sequence[int], root: int) -> None:
     """Sends this rank's shard index of model and optimizer from a holder to the ranks of
-    its cross group that lack it (`generation`: this rank's, before the sync)."""
+    its cross group that lack it (`generations`: every rank's, before the sync)."""
     session = runtime.current().session
     assert session is not None
     groups = session.replicas
     assert groups is not None, "sharded state needs replica groups (--shard-size)"
-    generations = functions.allgather_object(generation)
     source, receivers = plan_source(groups.layout, generations, root)
     if source is None:
         return

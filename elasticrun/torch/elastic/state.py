@@ -11,13 +11,15 @@ from __future__ import annotations
 import atexit
 import contextlib
 import itertools
+import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from elasticrun.torch import functions, hsdp
-from elasticrun.torch.elastic import restoring, shard_sync, shards
+from elasticrun.torch.elastic import commit_files, restoring, shard_sync, shards
 from elasticrun.torch.elastic.commit_files import WHOLE
 from elasticrun.torch.elastic.keeper import CommitKeeper, KeepingSettings
 from elasticrun.torch.elastic.snapshot import (
@@ -26,7 +28,7 @@ from elasticrun.torch.elastic.snapshot import (
     snapshot,
     snapshot_tensors,
 )
-from elasticrun.torch.world import groups, place, runtime
+from elasticrun.torch.world import groups, place, plane, runtime
 from elasticrun.worker.elastic import Backend, ObjectState, State
 
 __all__ = ["ObjectState", "TorchState"]  # Horovod's horovod.torch.elastic.state
@@ -89,7 +91,12 @@ class TorchState(State):
         made = next(_made)
         self.holding = WHOLE if made == 0 else f"{WHOLE}-{made}"
         self._settings = KeepingSettings.from_env()
-        self._keeper = keeper_for(self._settings)
+        self._sharded = shards.is_sharded(model)
+        # A sharded state's ranks decide together when a commit goes to --checkpoint-dir
+        # (every shard index must have it); their copiers then copy what they are given.
+        self._keeper = keeper_for(replace(self._settings, checkpoint_interval=0.0)
+                                  if self._sharded else self._settings)
+        self._last_checkpoint = time.monotonic()
         # Which commit `_saved` holds, counted since the ranks' states were last made equal
         # (None: never). Ranks with the same count hold the same model and optimizer.
         self._generation: int | None = None
@@ -124,10 +131,34 @@ class TorchState(State):
         return self._keeper.settings if self._keeper is not None else self._settings
 
     def _keep(self) -> None:
-        if self._keeper is not None and runtime.is_initialized():
+        if self._keeper is None or not runtime.is_initialized():
+            return
+        if not self._sharded:
             self._keeper.kept(self._commit_number, self.holding, self._saved,
                               host_writer=place.local_rank() == 0,
                               checkpoint_writer=place.rank() == 0, ready=_copies_done())
+            return
+        # Each shard index is written by the host's first replica group, and by replica
+        # group 0 to the checkpoint dir.
+        layout = hsdp.layout()
+        holding = commit_files.shard_holding(self.holding, layout.shard_rank,
+                                             layout.shard_size)
+        self._keeper.kept(self._commit_number, holding, self._saved,
+                          host_writer=place.local_rank() < layout.shard_size,
+                          checkpoint_writer=layout.replica_rank == 0, ready=_copies_done(),
+                          checkpoint_due=self._checkpoint_due())
+
+    def _checkpoint_due(self) -> bool:
+        """Rank 0's word (one scalar broadcast) on whether this commit goes to the checkpoint
+        dir: once every --checkpoint-interval seconds."""
+        if self._settings.checkpoint_dir is None:
+            return False
+        due = torch.tensor([time.monotonic() - self._last_checkpoint
+                            >= self._settings.checkpoint_interval], dtype=torch.int32)
+        plane.broadcast(due, src=0)
+        if due.item():
+            self._last_checkpoint = time.monotonic()
+        return bool(due.item())
 
     def _copy_state(self) -> None:
         self._placement.settle()  # the last commit's copies complete before they are reused
@@ -189,10 +220,9 @@ class TorchState(State):
         # midway): the ranks compare checksums of what they hold too (whole state only:
         # shards differ by design).
         checksum = fingerprint(self._tensor_states()) if unsettled and not sharded else 0
-        held = generation
-        root, generation = restoring.sync_root(self, generation, checksum)
+        root, generation, generations = restoring.sync_root(self, generation, checksum)
         if root is not None and sharded:
-            shard_sync.sync_shards(self.model, self.optimizer, held, root)
+            shard_sync.sync_shards(self.model, self.optimizer, generations, root)
         elif root is not None and (self.model is not None or self.optimizer is not None):
             self._broadcast_tensors(root)
         self._generation = generation

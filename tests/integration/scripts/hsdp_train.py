@@ -13,7 +13,8 @@ Every process appends JSON lines to $LOG_DIR/<pid>.jsonl:
   {"event": "restore", ...} when it rolls back to the last commit (step)
 At the end rank 0 writes the full model and momentum to $LOG_DIR/final.pt.
 HSDP_FAULTS="STEP:RANK:MODE,..." (MODE sigkill|sigstop|exception|twice) fires once per job at
-the start of step STEP on the worker that is then rank RANK; "twice" raises there twice, so
+the start of step STEP on the worker that is then rank RANK (RANK "*": on every rank, once
+for each); "twice" raises there twice, so
 that the ranks roll back to the same commit two times. HSDP_STEPS: how many steps (default
 12); HSDP_STEP_SLEEP: seconds slept after each commit; HSDP_AWAIT_SIZE=N: before its last
 steps the job waits (at most 2 minutes) for its world to reach N (a returning group).
@@ -72,10 +73,10 @@ def local(tensor: torch.Tensor) -> torch.Tensor:
 def maybe_fault(step: int) -> None:
     for spec in filter(None, os.environ.get("HSDP_FAULTS", "").split(",")):
         fault_step, fault_rank, mode = spec.split(":")
-        if int(fault_step) != step or int(fault_rank) != er.rank():
+        if int(fault_step) != step or fault_rank not in ("*", str(er.rank())):
             continue
         for attempt in range(2 if mode == "twice" else 1):
-            marker = os.path.join(LOG_DIR, f"fault-{spec}-{attempt}")
+            marker = os.path.join(LOG_DIR, f"fault-{spec}-{attempt}-{er.rank()}")
             try:
                 os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
             except FileExistsError:
