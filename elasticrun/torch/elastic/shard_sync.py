@@ -1,5 +1,6 @@
-"""A round's sync of sharded state: each shard index travels on its own cross group, from a
-rank that holds the committed shard of that index to those that do not.
+"""A round's sync of sharded state: each shard index travels from a rank that holds the
+committed shard of that index to those that do not (on its cross group, or on a group of
+just them when other ranks of the index hold it already).
 
 The holders are the ranks whose commit generation is the root's (rank 0's; when no rank
 holds a commit, rank 0's replica group is the source). A joining replica group receives
@@ -10,6 +11,7 @@ of the round holds cannot be made up: the round raises SnapshotMissingError.
 
 from __future__ import annotations
 
+import datetime
 import io
 from collections.abc import Sequence
 from typing import Any
@@ -23,15 +25,15 @@ from elasticrun.torch.world.replicas import ReplicaGroups, ReplicaLayout
 from elasticrun.worker.elastic import SnapshotMissingError
 
 
-def plan_source(layout: ReplicaLayout, generations: Sequence[int], root: int
-                ) -> tuple[int | None, list[int]]:
-    """Pure: for this rank's shard index, the rank it receives from (None: nothing to
-    send on its cross group) and the ranks that receive."""
+def plan_source(layout: ReplicaLayout, generations: Sequence[int], root: int,
+                index: int | None = None) -> tuple[int | None, list[int]]:
+    """Pure: for shard index `index` (this rank's by default), the rank that sends it (None:
+    nothing to send) and the ranks that receive."""
     if generations[root] >= 0:
         holders = {r for r, g in enumerate(generations) if g == generations[root]}
     else:  # nobody holds a commit: the root's replica group is the source
         holders = set(layout.group_ranks(root // layout.shard_size))
-    index = layout.shard_rank
+    index = layout.shard_rank if index is None else index
     members = layout.cross_ranks(index)
     receivers = [r for r in members if r not in holders]
     if not receivers:
@@ -54,18 +56,41 @@ def sync_shards(model: torch.nn.Module | None, optimizer: torch.optim.Optimizer 
     assert session is not None
     groups = session.replicas
     assert groups is not None, "sharded state needs replica groups (--shard-size)"
-    source, receivers = plan_source(groups.layout, generations, root)
-    if source is None:
+    layout = groups.layout
+    source, receivers = plan_source(layout, generations, root)
+    group = _sending_group(groups, generations, root, session.collective_timeout)
+    if source is None or group is None:
         return
-    receiving = groups.layout.rank in receivers
+    receiving = layout.rank in receivers
     if model is not None:
         _broadcast_tensors([shards.local_part(t) for t in model.state_dict().values()],
-                           source, groups)
+                           source, layout.rank, group)
     if optimizer is not None:
-        state = optimizer.state_dict() if groups.layout.rank == source else None
-        received = _broadcast_object(_local_state(state), source, groups)
+        state = optimizer.state_dict() if layout.rank == source else None
+        received = _broadcast_object(_local_state(state), source, layout.rank, group)
         if receiving:
             optimizer.load_state_dict(shards.optimizer_state(optimizer, received))
+
+
+def _sending_group(groups: ReplicaGroups, generations: Sequence[int], root: int,
+                   timeout: float) -> dist.ProcessGroup | None:
+    """The group this rank's shard index travels on: its cross group, or, when some of its
+    ranks hold the shard already, a group of the sender and the receivers only (made by
+    every rank of the round, for every index, in the same order). None: not a member."""
+    layout = groups.layout
+    mine = None
+    for index in range(layout.shard_size):
+        source, receivers = plan_source(layout, generations, root, index)
+        if source is None:
+            continue
+        members = sorted([source, *receivers])
+        if len(members) == layout.num_replicas:
+            group = groups.cross if index == layout.shard_rank else None
+        else:
+            group = dist.new_group(members, timeout=datetime.timedelta(seconds=timeout))
+        if index == layout.shard_rank and layout.rank in members:
+            mine = group
+    return mine
 
 
 def _local_state(state: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -85,29 +110,30 @@ def _wait(work: Any) -> None:
 
 
 @torch.no_grad()
-def _broadcast_tensors(tensors: list[torch.Tensor], source: int, groups: ReplicaGroups) -> None:
+def _broadcast_tensors(tensors: list[torch.Tensor], source: int, rank: int,
+                       group: dist.ProcessGroup) -> None:
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
     for tensor in tensors:
         by_dtype.setdefault(tensor.dtype, []).append(tensor)
     for same in by_dtype.values():
         flat = torch.cat([t.detach().reshape(-1) for t in same])  # one broadcast per dtype
-        _wait(dist.broadcast(flat, src=source, group=groups.cross, async_op=True))
-        if groups.layout.rank != source:
+        _wait(dist.broadcast(flat, src=source, group=group, async_op=True))
+        if rank != source:
             for target, value in zip(same, flat.split([t.numel() for t in same]), strict=True):
                 target.copy_(value.view_as(target))
 
 
-def _broadcast_object(obj: Any, source: int, groups: ReplicaGroups) -> Any:
+def _broadcast_object(obj: Any, source: int, rank: int, group: dist.ProcessGroup) -> Any:
     payload = torch.empty(0, dtype=torch.uint8)
-    if groups.layout.rank == source:
+    if rank == source:
         buffer = io.BytesIO()
         torch.save(obj, buffer)
         payload = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
     length = torch.tensor([payload.numel()], dtype=torch.int64)
-    _wait(dist.broadcast(length, src=source, group=groups.cross, async_op=True))
-    if groups.layout.rank != source:
+    _wait(dist.broadcast(length, src=source, group=group, async_op=True))
+    if rank != source:
         payload = torch.empty(int(length.item()), dtype=torch.uint8)
-    _wait(dist.broadcast(payload, src=source, group=groups.cross, async_op=True))
-    if groups.layout.rank == source:
+    _wait(dist.broadcast(payload, src=source, group=group, async_op=True))
+    if rank == source:
         return obj
     return torch.load(io.BytesIO(payload.numpy().tobytes()), weights_only=False)
