@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -206,3 +207,23 @@ def test_hostile() -> None:
     assert codes and all(code.startswith("4") for code in codes), codes  # refused, never 5xx
     assert trial["stalled"]["opened"] == result["stalled"]
     assert trial["stalled"]["status_answered"]  # the stalled connections starve nobody
+
+
+def test_hsdp(tmp_path: Path) -> None:
+    """Quick mode, parts a-c (the torchrun peer of part d and torchft's part e start slowly
+    and run in the full benchmark only): elastic HSDP and the DDP path each recover from a
+    kill, and a returning group receives its shards."""
+    out = tmp_path / "hsdp.json"
+    proc = subprocess.run([sys.executable, "benchmarks/hsdp.py", "--quick", "--parts", "a,b,c",
+                           "--json", str(out)], cwd=REPO, capture_output=True, text=True,
+                          timeout=280)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "a. recovery" in proc.stdout and "c. the commit's cost" in proc.stdout
+    result = json.loads(out.read_text())
+    for mode in ("hsdp", "ddp"):
+        [trial] = result["a_recovery"]["trials"][mode]
+        assert 0 < trial["resume_s"] < 60 and trial["size_after"] == 2, trial
+        assert trial["steps_lost"] == 3, trial  # killed 3 steps after the commit of step 5
+    [rejoin] = result["bc_rejoin"]["trials"]["0.1M"]["2"]
+    assert 0 < rejoin["join_s"] < 60 and rejoin["shard_mib"] > 0, rejoin
+    assert rejoin["commits"] >= 5 and 0 < rejoin["save_ms"] <= rejoin["commit_ms"], rejoin
