@@ -142,9 +142,19 @@ def hold_gil(seconds: float) -> None:
 
 
 class LoggedState(er.elastic.TorchState):
+    # Called at the end of every sync: a rank's "round" record is written as its sync ends,
+    # before its report to the driver (a peer that fails right after the sync, at its
+    # first step, can have this rank stopped before it would reach its training function).
+    _synced: Any = None
+
     def restore(self) -> None:  # a rollback to the last commit (after a failure)
         log("restore", step=self.step)
         super().restore()
+
+    def sync(self) -> None:
+        super().sync()
+        if self._synced is not None:
+            self._synced()
 
 
 def await_size(state: er.elastic.TorchState) -> None:
@@ -213,8 +223,7 @@ def main() -> None:
 
     state.register_reset_callbacks([rescale])
 
-    @er.elastic.run
-    def train(state: er.elastic.TorchState) -> None:
+    def log_round() -> None:
         session = runtime.current().session
         gpu = {} if device.type != "cuda" else {
             "gpu_allocated": torch.cuda.memory_allocated(device),
@@ -224,6 +233,11 @@ def main() -> None:
             optimizer_hash=optimizer_hash(optimizer), lr=optimizer.param_groups[0]["lr"],
             resets=len(resets),
             backend=session.backend if session else "", **gpu)
+
+    state._synced = log_round
+
+    @er.elastic.run
+    def train(state: er.elastic.TorchState) -> None:
         loader = DataLoader(dataset, batch_size=BATCH, sampler=state.sampler)
         while state.epoch < EPOCHS:
             if state.epoch == EPOCHS - 1:
