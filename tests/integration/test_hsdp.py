@@ -117,6 +117,22 @@ def test_killed_rank_costs_its_group_which_comes_back(tmp_path: Path) -> None:
     _assert_replicas_agree(records)
 
 
+def test_losing_rank_0s_group_leaves_the_other_as_ranks_0_and_1(tmp_path: Path) -> None:
+    """Rank 1 SIGKILLed: group 1 goes on alone, its workers now ranks 0 and 1 of the round
+    with the shard indices they had (the mesh pointed at a group of other global ranks)."""
+    log_dir, records = _job(tmp_path, ["--min-np", "2"],
+                            {"HSDP_STEPS": "8", "HSDP_FAULTS": "4:1:sigkill"})
+    sizes = _assert_matches_replay(log_dir, records)
+    assert sizes[1] == 4 and sizes[max(sizes)] == 2
+    rounds = [r for r in records if r["event"] == "round"]
+    first = {r["pid"]: r for r in rounds if r["size"] == 4}
+    alone = [r for r in rounds if r["size"] == 2]
+    assert sorted(r["rank"] for r in alone) == [0, 1]
+    for record in alone:  # the same processes, the same shard index, other ranks
+        before = first[record["pid"]]
+        assert before["replica_rank"] == 1 and before["shard_rank"] == record["shard_rank"]
+
+
 def test_two_rollbacks_to_one_commit_are_exact(tmp_path: Path) -> None:
     """Rank 1 fails step 4 twice: every rank rolls back to commit 3 two times (restoring
     must copy; an optimizer left holding the commit's tensors would change it)."""
