@@ -206,7 +206,10 @@ def test_hostile() -> None:
     [trial] = result["trials"]
     assert trial["idle"]["rss_mib"] > 0 and trial["burst"]["peak_rss_mib"] > 0
     codes = trial["burst"]["codes"]
-    assert codes and all(code.startswith("4") for code in codes), codes  # refused, never 5xx
+    statuses = [code for code in codes if code.isdigit()]
+    assert statuses and all(code.startswith("4") for code in statuses), codes  # never 5xx
+    # A client still sending its body when the refusal closes the connection sees a reset.
+    assert set(codes) - set(statuses) <= {"ClientOSError", "ServerDisconnectedError"}, codes
     assert trial["stalled"]["opened"] == result["stalled"]
     assert trial["stalled"]["status_answered"]  # the stalled connections starve nobody
 

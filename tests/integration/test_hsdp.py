@@ -133,24 +133,20 @@ def test_losing_rank_0s_group_leaves_the_other_as_ranks_0_and_1(tmp_path: Path) 
         assert before["replica_rank"] == 1 and before["shard_rank"] == record["shard_rank"]
 
 
-def test_two_rollbacks_to_one_commit_are_exact(tmp_path: Path) -> None:
+def test_two_rollbacks_to_one_commit_are_exact_and_a_hung_rank_costs_its_group(
+        tmp_path: Path) -> None:
     """Rank 1 fails step 4 twice: every rank rolls back to commit 3 two times (restoring
-    must copy; an optimizer left holding the commit's tensors would change it)."""
-    log_dir, records = _job(tmp_path, [], {"HSDP_STEPS": "7", "HSDP_FAULTS": "4:1:twice"})
-    _assert_matches_replay(log_dir, records)
+    must copy; an optimizer left holding the commit's tensors would change it). Then rank 2
+    stops (SIGSTOP) at step 6: it is found hung and handled as a death of its group, and
+    group 0 finishes alone."""
+    log_dir, records = _job(tmp_path, ["--min-np", "2"],
+                            {"HSDP_STEPS": "9", "HSDP_FAULTS": "4:1:twice,6:2:sigstop"})
+    sizes = _assert_matches_replay(log_dir, records)
     restores = [r for r in records if r["event"] == "restore"]
     assert len([r for r in restores if r["step"] == 3]) >= 8  # two rollbacks on four ranks
-    _assert_replicas_agree(records)
-
-
-def test_hung_rank_costs_its_group(tmp_path: Path) -> None:
-    """Rank 2 stops (SIGSTOP) mid-training: it is found hung and handled as a death of its
-    group; group 0 finishes alone."""
-    log_dir, records = _job(tmp_path, ["--min-np", "2"],
-                            {"HSDP_STEPS": "9", "HSDP_FAULTS": "4:2:sigstop"})
-    sizes = _assert_matches_replay(log_dir, records)
-    assert sizes[max(sizes)] == 2 and sizes[1] == 4
+    assert sizes[5] == 4 and sizes[max(sizes)] == 2
     assert {r["size"] for r in records if r["event"] == "final"} == {2}
+    _assert_replicas_agree(records)
 
 
 def test_slots_that_cannot_fill_a_group_wait(tmp_path: Path) -> None:
