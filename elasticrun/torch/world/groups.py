@@ -11,10 +11,11 @@ and tearing the group down puts that hook back.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -48,36 +49,47 @@ def init_process_group(slot: SlotInfo, store: dist.Store, timeout: float) -> Non
     if _hook_before_groups is None:
         _hook_before_groups = sys.excepthook
     sys.excepthook = _hook_before_groups  # torch wraps it, with this round's rank
-    names_before = group_count()
-    try:
+    with group_count_kept():
         dist.init_process_group(backend="gloo", store=store, rank=slot.rank,
                                 world_size=slot.size,
                                 timeout=datetime.timedelta(seconds=connect_timeout(timeout)))
-    except BaseException:
-        # torch names a default group's store keys from a process-wide counter, so every
-        # member must have built (and destroyed) as many groups as the others. Destroying a
-        # group resets the counter; a failed attempt has nothing to destroy, so undo its step
-        # (or this worker could never meet its peers again: they would wait on other keys).
-        set_group_count(names_before)
-        raise
     dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=timeout))
 
 
-def init_nccl_group(device: torch.device | None, timeout: float) -> dist.ProcessGroup:
-    """Builds the round's NCCL group over every rank, its communicator non-blocking (so
-    that it can be aborted safely) and, with a pinned device, connected now rather than at
-    the first collective. A failed build leaves torch's group counter alone."""
+@contextlib.contextmanager
+def group_count_kept() -> Iterator[None]:
+    """Around building groups: if the build fails, torch's group counter is put back.
+
+    torch names a group's store keys from a process-wide counter, so every member must have
+    built (and destroyed) as many groups as the others. Destroying the default group resets
+    the counter; a failed attempt has nothing to destroy, so its step is undone (or this
+    worker could never meet its peers again: they would wait on other keys)."""
+    names_before = group_count()
+    try:
+        yield
+    except BaseException:
+        set_group_count(names_before)
+        raise
+
+
+def nccl_options(timeout: float) -> dist.ProcessGroupNCCL.Options:
+    """Options of a round's NCCL group: its communicator non-blocking (so that it can be
+    aborted safely), its timeout the collective timeout."""
     options = dist.ProcessGroupNCCL.Options()
     options.config.blocking = 0
     options.is_high_priority_stream = False
     options._timeout = datetime.timedelta(seconds=timeout)  # torch warns unless they agree
-    names_before = group_count()
-    try:
+    return options
+
+
+def init_nccl_group(device: torch.device | None, timeout: float) -> dist.ProcessGroup:
+    """Builds the round's NCCL group over every rank, non-blocking and, with a pinned
+    device, connected now rather than at the first collective. A failed build leaves
+    torch's group counter alone."""
+    options = nccl_options(timeout)
+    with group_count_kept():
         group = dist.new_group(backend="nccl", pg_options=options, device_id=device,
                                timeout=options._timeout)
-    except BaseException:
-        set_group_count(names_before)
-        raise
     assert group is not None
     return group
 

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from elasticrun import protocol
 from elasticrun.errors import ConfigError
-from elasticrun.torch.world.groups import abort_nccl, group_count, set_group_count
+from elasticrun.torch.world.groups import abort_nccl, group_count_kept, nccl_options
 
 
 def shard_size_from_env() -> int:
@@ -85,15 +85,11 @@ class ReplicaGroups:
     def build(cls, layout: ReplicaLayout, timeout: float, nccl: bool = False) -> ReplicaGroups:
         """Every rank of the round calls this, in the same order (torch.distributed's
         new_group is collective). A failed build leaves torch's group counter alone."""
-        options = None
-        if nccl:
-            options = dist.ProcessGroupNCCL.Options()
-            options.config.blocking = 0  # NCCL's condition for a safe abort
-        before = group_count()
+        options = nccl_options(timeout) if nccl else None
         wait = datetime.timedelta(seconds=timeout)
         backend = "nccl" if nccl else "gloo"
-        try:
-            shard = cross = None
+        shard = cross = None
+        with group_count_kept():
             for replica in range(layout.num_replicas):
                 group = dist.new_group(layout.group_ranks(replica), timeout=wait,
                                        backend=backend, pg_options=options)
@@ -104,9 +100,6 @@ class ReplicaGroups:
                                        backend=backend, pg_options=options)
                 if index == layout.shard_rank:
                     cross = group
-        except BaseException:
-            set_group_count(before)
-            raise
         assert shard is not None and cross is not None
         return cls(layout, shard, cross, nccl)
 
