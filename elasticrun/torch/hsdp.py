@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from elasticrun.errors import ConfigError
-from elasticrun.torch.world import runtime
+from elasticrun.torch.world import plane, runtime
 from elasticrun.torch.world.replicas import ReplicaGroups, ReplicaLayout
 
 if TYPE_CHECKING:
@@ -128,15 +128,10 @@ def _average_across_replicas(gradient: torch.Tensor) -> None:
     replicas = groups.layout.num_replicas
     if replicas == 1:
         return
-    session = runtime.current().session
-    assert session is not None
-    work = dist.all_reduce(gradient, group=groups.cross, async_op=True)
-    assert work is not None
     if groups.nccl:
-        work.wait()  # NCCL's: aborted with the round's communicators
+        dist.all_reduce(gradient, group=groups.cross)  # aborted with the round's communicators
     else:
-        session.track(work)
-        session.wait(work)
+        plane.all_reduce(gradient, group=groups.cross)  # waited abortably, as every Gloo work
     gradient.div_(replicas)
 
 

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from elasticrun.torch.elastic import shards
-from elasticrun.torch.world import runtime
+from elasticrun.torch.world import plane, runtime
 from elasticrun.torch.world.groups import group_count_kept
 from elasticrun.torch.world.replicas import ReplicaGroups, ReplicaLayout
 from elasticrun.worker.elastic import SnapshotMissingError
@@ -104,11 +104,13 @@ def _local_state(state: dict[str, Any] | None) -> dict[str, Any] | None:
     return {"state": local, "param_groups": state["param_groups"]}
 
 
-def _wait(work: Any) -> None:
-    session = runtime.current().session
-    assert session is not None
-    session.track(work)
-    session.wait(work)
+def _broadcast(tensor: torch.Tensor, source: int, group: dist.ProcessGroup) -> None:
+    """On an NCCL group, NCCL's own (aborted with the round's communicators); on a Gloo
+    group, the data plane's, waited abortably."""
+    if dist.get_backend(group) == "nccl":
+        dist.broadcast(tensor, src=source, group=group)
+    else:
+        plane.broadcast(tensor, source, group=group)
 
 
 @torch.no_grad()
@@ -119,7 +121,7 @@ def _broadcast_tensors(tensors: list[torch.Tensor], source: int, rank: int,
         by_dtype.setdefault(tensor.dtype, []).append(tensor)
     for same in by_dtype.values():
         flat = torch.cat([t.detach().reshape(-1) for t in same])  # one broadcast per dtype
-        _wait(dist.broadcast(flat, src=source, group=group, async_op=True))
+        _broadcast(flat, source, group)
         if rank != source:
             for target, value in zip(same, flat.split([t.numel() for t in same]), strict=True):
                 target.copy_(value.view_as(target))
@@ -132,10 +134,10 @@ def _broadcast_object(obj: Any, source: int, rank: int, group: dist.ProcessGroup
         torch.save(obj, buffer)
         payload = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
     length = torch.tensor([payload.numel()], dtype=torch.int64)
-    _wait(dist.broadcast(length, src=source, group=group, async_op=True))
+    _broadcast(length, source, group)
     if rank != source:
         payload = torch.empty(int(length.item()), dtype=torch.uint8)
-    _wait(dist.broadcast(payload, src=source, group=group, async_op=True))
+    _broadcast(payload, source, group)
     if rank == source:
         return obj
     return torch.load(io.BytesIO(payload.numpy().tobytes()), weights_only=False)
