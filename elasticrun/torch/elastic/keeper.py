@@ -76,6 +76,10 @@ class Offer:
     path: str
     host: str = ""  # the host of the rank that offers it
 
+    @property
+    def where(self) -> str:
+        return f"host {self.host}" if self.place == "host" else f"checkpoint dir {self.path}"
+
 
 def offer(settings: KeepingSettings, holding: str) -> Offer | None:
     best: Offer | None = None

@@ -64,12 +64,12 @@ def _offer_shards(state: TorchState, settings: KeepingSettings) -> shard_restore
 def _restore_shards(state: TorchState, settings: KeepingSettings,
                     views: list[shard_restore.Layouts | None]) -> tuple[int, list[int]]:
     layout = hsdp.layout()
-    restored = shard_restore.restore(state, settings, layout, views)
+    restored = shard_restore.restore(state, layout, views)
     if restored is not None:
-        root, generations = restored
-        return root, generations
+        announce(restored.commit, restored.where)
+        return restored.root, restored.generations
     if settings.restore_expected:
-        raise shard_restore.missing(settings)
+        raise _missing(settings, "a commit of every shard index")
     return 0, [-1] * layout.size  # a new job: the root's replica group's shards
 
 
@@ -77,11 +77,7 @@ def _restore(state: TorchState, settings: KeepingSettings, offers: list[Offer | 
     chosen = keeper.choose(offers)
     if chosen is None:
         if settings.restore_expected:
-            raise SnapshotMissingError(
-                "every worker holding the committed training state was lost, and no rank of "
-                "the new round finds a snapshot of it (host snapshots: "
-                f"{settings.snapshot_dir or 'off'}; --checkpoint-dir: "
-                f"{settings.checkpoint_dir or 'none'})")
+            raise _missing(settings, "a snapshot of it")
         return 0  # a new job: rank 0's state, as ever
     root, offer = chosen
     content: dict[str, Any] | None = None
@@ -100,13 +96,25 @@ def _restore(state: TorchState, settings: KeepingSettings, offers: list[Offer | 
     if content is not None:
         state.restore_from({"model": content["model"], "optimizer": content["optimizer"],
                             "objects": content["objects"]}, int(content["commit"]))
-    where = f"host {offer.host}" if offer.place == "host" else f"checkpoint dir {offer.path}"
-    log.log(logging.WARNING if place.rank() == 0 else logging.DEBUG,
-            "restored the state from the snapshot of commit %d (%s)", offer.commit, where)
-    timeline.instant("restored", "elastic", commit=offer.commit, source=where)
-    if place.rank() == 0:
-        runtime.current().note_restored(offer.commit, where)
+    announce(offer.commit, offer.where)
     return root
+
+
+def announce(commit: int, where: str) -> None:
+    """Every rank restored commit `commit` (from `where`): logged, on the timeline, and
+    told the driver with rank 0's next sync report."""
+    log.log(logging.WARNING if place.rank() == 0 else logging.DEBUG,
+            "restored the state from the snapshot of commit %d (%s)", commit, where)
+    timeline.instant("restored", "elastic", commit=commit, source=where)
+    if place.rank() == 0:
+        runtime.current().note_restored(commit, where)
+
+
+def _missing(settings: KeepingSettings, what: str) -> SnapshotMissingError:
+    return SnapshotMissingError(
+        f"every worker holding the committed training state was lost, and no rank of the new "
+        f"round finds {what} (host snapshots: {settings.snapshot_dir or 'off'}; "
+        f"--checkpoint-dir: {settings.checkpoint_dir or 'none'})")
 
 
 def _hostname() -> str:

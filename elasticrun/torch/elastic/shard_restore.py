@@ -22,10 +22,7 @@ from elasticrun.torch import functions
 from elasticrun.torch.elastic import commit_files, shards
 from elasticrun.torch.elastic.commit_files import CheckpointMismatchError, UnreadableCommitError
 from elasticrun.torch.elastic.keeper import KeepingSettings, Offer
-from elasticrun.torch.world import runtime
 from elasticrun.torch.world.replicas import ReplicaLayout
-from elasticrun.worker import timeline
-from elasticrun.worker.elastic import SnapshotMissingError
 
 if TYPE_CHECKING:
     from elasticrun.torch.elastic.state import TorchState
@@ -62,12 +59,22 @@ def found(settings: KeepingSettings, holding: str, layout: ReplicaLayout, host: 
     return Layouts(own, other)
 
 
-def restore(state: TorchState, settings: KeepingSettings, layout: ReplicaLayout,
-            views: list[Layouts | None]) -> tuple[int, list[int]] | None:
+@dataclass(frozen=True)
+class Restored:
+    """What a round restored: the root (whose objects the round takes), the ranks'
+    generations for the shards' sync (0 where a rank holds its shard of the commit now),
+    the commit and where it was read."""
+
+    root: int
+    generations: list[int]
+    commit: int
+    where: str
+
+
+def restore(state: TorchState, layout: ReplicaLayout, views: list[Layouts | None]
+            ) -> Restored | None:
     """Restores the newest commit some rank of every shard index can read (else the newest
-    every rank can reshard from the checkpoint dir). Returns the root (whose objects the
-    round takes) and the ranks' generations for the shards' sync: 0 where a rank holds its
-    shard of the commit now. None: nothing to restore."""
+    every rank can reshard from the checkpoint dir). None: nothing to restore."""
     count = layout.shard_size
     by_commit: dict[int, dict[int, list[tuple[int, Offer]]]] = {}
     for rank, view in enumerate(views):
@@ -81,10 +88,9 @@ def restore(state: TorchState, settings: KeepingSettings, layout: ReplicaLayout,
                    for index, offers in by_commit[commit].items()}
         source, offer = sources[layout.shard_rank]
         _load(state, [offer.path] if layout.rank == source else [], commit, layout)
-        where = f"host {offer.host}" if offer.place == "host" else f"checkpoint dir {offer.path}"
-        _restored(commit, where, layout)
         holders = {rank for rank, _ in sources.values()}
-        return sources[0][0], [0 if r in holders else -1 for r in range(layout.size)]
+        return Restored(sources[0][0], [0 if r in holders else -1 for r in range(layout.size)],
+                        commit, offer.where)
     readable = [set(view.other) if view is not None else set() for view in views]
     common = set.intersection(*readable) if readable else set()
     if not common:
@@ -93,8 +99,8 @@ def restore(state: TorchState, settings: KeepingSettings, layout: ReplicaLayout,
     mine = views[layout.rank]
     assert mine is not None
     _load(state, mine.other[commit], commit, layout)
-    _restored(commit, f"checkpoint dir {Path(mine.other[commit][0]).parent} (resharded)", layout)
-    return 0, [0] * layout.size
+    return Restored(0, [0] * layout.size, commit,
+                    f"checkpoint dir {Path(mine.other[commit][0]).parent} (resharded)")
 
 
 def _load(state: TorchState, paths: list[str], commit: int, layout: ReplicaLayout) -> None:
@@ -139,18 +145,3 @@ def _reshard(contents: list[dict[str, Any]], state: TorchState,
                   for index, entry in optimizer["state"].items()}
         optimizer = {"state": states, "param_groups": optimizer["param_groups"]}
     return {**first, "model": model, "optimizer": optimizer}
-
-
-def _restored(commit: int, where: str, layout: ReplicaLayout) -> None:
-    log.log(logging.WARNING if layout.rank == 0 else logging.DEBUG,
-            "restored the sharded state from the snapshot of commit %d (%s)", commit, where)
-    timeline.instant("restored", "elastic", commit=commit, source=where)
-    if layout.rank == 0:
-        runtime.current().note_restored(commit, where)
-
-
-def missing(settings: KeepingSettings) -> SnapshotMissingError:
-    return SnapshotMissingError(
-        "every worker holding the committed training state was lost, and the ranks of the "
-        "new round find no commit of every shard index (host snapshots: "
-        f"{settings.snapshot_dir or 'off'}; --checkpoint-dir: {settings.checkpoint_dir or 'none'})")
