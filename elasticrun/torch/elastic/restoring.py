@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from elasticrun.torch import functions, hsdp
-from elasticrun.torch.elastic import commit_files, keeper, shard_restore, shards
+from elasticrun.torch.elastic import commit_files, keeper, shard_restore
 from elasticrun.torch.elastic.commit_files import (
     CheckpointMismatchError,
     UnreadableCommitError,
@@ -39,7 +39,7 @@ def sync_root(state: TorchState, generation: int, checksum: int
     to send), the ranks' commit generation after the sync, and each rank's generation
     before it (a sharded state's sync sends each shard from a rank that holds it)."""
     settings = state.keeping_settings
-    sharded = shards.is_sharded(state.model)
+    sharded = state.sharded
     mine: Any = None
     if generation < 0 and settings.keeps:
         mine = _offer_shards(state, settings) if sharded else keeper.offer(settings, state.holding)

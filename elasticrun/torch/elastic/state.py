@@ -126,6 +126,11 @@ class TorchState(State):
         self._keep()
 
     @property
+    def sharded(self) -> bool:
+        """Whether the model's parameters are DTensors (FSDP): commits hold local shards."""
+        return self._sharded
+
+    @property
     def keeping_settings(self) -> KeepingSettings:
         """Where this state's commits are kept (host snapshots, --checkpoint-dir)."""
         return self._keeper.settings if self._keeper is not None else self._settings
@@ -193,7 +198,7 @@ class TorchState(State):
         # Loading must copy: an optimizer keeps the tensors it is given and updates them
         # in place, which would silently change the commit.
         self._placement.settle()
-        if shards.is_sharded(self.model):
+        if self.sharded:
             assert self.model is not None
             hsdp.reset_iterations(self.model)  # a failure mid-step left FSDP mid-step
             shards.load_model_shards(self.model, self._saved["model"])
@@ -214,7 +219,7 @@ class TorchState(State):
         are equal already."""
         generation = -1 if self._generation is None else self._generation
         unsettled = groups.take_unsettled()
-        sharded = shards.is_sharded(self.model)
+        sharded = self.sharded
         # Every rank takes part in the check, a rank that never synced too. After an NCCL
         # group was cut, equal commit counts may hide tensors that differ (a reduction cut
         # midway): the ranks compare checksums of what they hold too (whole state only:
