@@ -16,6 +16,9 @@ DEFAULT_MAX_RESTARTS = 3
 # imports, data and model before it): loading data for minutes is ordinary.
 DEFAULT_INIT_TIMEOUT_S = 1800.0
 DEFAULT_CHECKPOINT_INTERVAL_S = 60.0
+# --blacklist-cooldown-range's default: a blacklisted slot or host returns after 20-30 s the
+# first time, twice that the next (Horovod's schedule), at most 5 minutes later.
+DEFAULT_BLACKLIST_COOLDOWN_S = (10.0, 300.0)
 
 
 def _target(spec: str) -> str:
@@ -70,7 +73,8 @@ class DriverConfig:
     checkpoint_interval: float = DEFAULT_CHECKPOINT_INTERVAL_S
     init_timeout: float = DEFAULT_INIT_TIMEOUT_S  # a member's first er.init(), others waiting
     torchrun: TorchrunSettings = field(default_factory=TorchrunSettings)
-    blacklist_cooldown: tuple[float, float] | None = None
+    # MIN MAX of blacklisted slots' and hosts' cooldowns; None: they never return
+    blacklist_cooldown: tuple[float, float] | None = DEFAULT_BLACKLIST_COOLDOWN_S
     collective_timeout: float = 60.0
     backend: str = "auto"  # for CUDA tensors: auto, gloo or nccl (the workers choose)
     driver_timeout: float = 300.0  # --driver-grace: workers outlive a silent driver this long

@@ -14,6 +14,7 @@ from pathlib import Path
 from elasticrun import protocol
 from elasticrun.config import (
     AGENT_LAUNCHERS,
+    DEFAULT_BLACKLIST_COOLDOWN_S,
     DEFAULT_CHECKPOINT_INTERVAL_S,
     DEFAULT_INIT_TIMEOUT_S,
     DEFAULT_MAX_RESTARTS,
@@ -88,6 +89,7 @@ def build_config(
     stop_grace_period: float | None = None,
     agent_token: str | None = None,  # the token itself (torchrun's form), not from a file
     shard_size: int = 1,
+    permanent_blacklist: bool = False,
 ) -> DriverConfig:
     default_slots = slots_per_host or 1
     static_hosts = None
@@ -155,7 +157,7 @@ def build_config(
         checkpoint_interval=checkpoint_interval,
         init_timeout=init_timeout,
         torchrun=torchrun or TorchrunSettings(),
-        blacklist_cooldown=blacklist_cooldown_range,
+        blacklist_cooldown=_cooldown(blacklist_cooldown_range, permanent_blacklist),
         collective_timeout=collective_timeout,
         driver_timeout=driver_timeout,
         hang_detection=hang_detection,
@@ -244,3 +246,13 @@ def build_discovery(config: DriverConfig, agents: AgentHub | None = None) -> Hos
         return HostfileDiscovery(config.hostfile, default_slots)
     assert config.hosts is not None
     return StaticDiscovery(dict(config.hosts))
+
+
+def _cooldown(cooldown_range: tuple[float, float] | None,
+              permanent: bool) -> tuple[float, float] | None:
+    """The blacklist's cooldown range (None: blacklisted slots and hosts never return)."""
+    if permanent and cooldown_range is not None:
+        raise ConfigError("give --blacklist-cooldown-range or --permanent-blacklist, not both")
+    if permanent:
+        return None
+    return DEFAULT_BLACKLIST_COOLDOWN_S if cooldown_range is None else cooldown_range

@@ -103,6 +103,7 @@ class Notice:
 PATH_JOIN = "/v1/rendezvous/join"
 PATH_NOTICES = "/v1/rendezvous/notices"
 PATH_SYNCED = "/v1/rendezvous/synced"  # a worker holds the committed state of its round
+PATH_TRAINED = "/v1/rendezvous/trained"  # a worker completed its first commit: it works
 PATH_FAILING = "/v1/rendezvous/failing"  # a worker's own error ends it: it is about to exit
 PATH_STALLED = "/v1/rendezvous/stalled"  # a collective waits far longer than usual
 PATH_INIT = "/v1/rendezvous/init"  # a worker's script calls er.init(): no restart mode

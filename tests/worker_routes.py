@@ -31,6 +31,7 @@ VALID: dict[str, dict[str, Any]] = {
                             "probe_ack": 1, "liveness": {"in_collective": True,
                                                          "since_s": 1.5, "cpu_s": 2.0}},
     protocol.PATH_SYNCED: {"worker_id": "w0", "round": 1},
+    protocol.PATH_TRAINED: {"worker_id": "w0"},
     protocol.PATH_FAILING: {"worker_id": "w0", "failure": "boom"},
     protocol.PATH_STALLED: {"worker_id": "w0", "round": 1, "waited_s": 3.0},
     protocol.PATH_INIT: {"worker_id": "w0"},

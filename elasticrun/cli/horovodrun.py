@@ -109,8 +109,11 @@ from elasticrun.process_setup import setup_logging
                    "commit; the newest wins while a write is in flight).")
 @INIT_TIMEOUT
 @click.option("--blacklist-cooldown-range", type=(float, float), metavar="MIN MAX",
-              help="A failed host may return after a growing cooldown of MIN..MAX seconds "
-                   "[default: failed hosts never return].")
+              help="A blacklisted slot or host (its workers kept failing, or it stopped "
+                   "answering) returns after a growing cooldown of MIN..MAX seconds "
+                   "[default: 10 300].")
+@click.option("--permanent-blacklist", is_flag=True,
+              help="Blacklisted slots and hosts never return (Horovod's default).")
 @COLLECTIVE_TIMEOUT
 @HANG_DETECTION
 @HANG_TIMEOUT

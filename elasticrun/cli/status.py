@@ -65,6 +65,14 @@ def format_status(status: dict[str, Any]) -> str:
             left = entry.get("cooldown_left_s")
             until = "permanently" if left is None else f"for another {left:.0f}s"
             lines.append(f"  {entry.get('host')}  {entry.get('failures')} failure(s), {until}")
+    slots = status.get("blacklisted_slots") or []
+    if slots:
+        lines.append("blacklisted slots:")
+        for entry in slots:
+            left = entry.get("cooldown_left_s")
+            until = "permanently" if left is None else f"for another {left:.0f}s"
+            lines.append(f"  {entry.get('host')}[{entry.get('slot')}]  "
+                         f"{entry.get('failures')} time(s), {until}")
     return "\n".join(lines)
 
 

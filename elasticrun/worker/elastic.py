@@ -109,6 +109,11 @@ class Backend(Protocol):
         """This worker now holds the round's committed state (tells the driver)."""
         ...
 
+    def trained(self) -> None:
+        """This worker completed its first commit (tells the driver: its slot works, and
+        the failures of the slot's earlier workers are forgiven). Never raises."""
+        ...
+
     def round_broken(self, within: float) -> bool:
         """Whether the driver says this worker's round broke (waits at most `within` s)."""
         ...
@@ -188,6 +193,8 @@ class State:
             self.save()
             interrupt = agreement()
             self._commits += 1
+        if self._commits == 1:
+            self._backend.trained()
         if interrupt:
             raise HostsUpdatedInterrupt()
 

@@ -94,10 +94,12 @@ class Sim:
         return out
 
     def running(self, hosts: dict[str, int]) -> None:
-        """Started, round 1 complete, every member synced."""
+        """Started, round 1 complete, every member synced and through its first commit."""
         self.start(hosts)
         self.join_all()
         self.sync_all()
+        for worker in self.members():
+            self.send(ev.WorkerTrained(worker.id))
 
     def worker_on(self, host: str, index: int = 0) -> WorkerRecord:
         """The newest live worker in that slot (stopping ones too)."""

@@ -62,6 +62,9 @@ class FakeBackend:
     def synced(self) -> None:
         self.calls.append(("synced",))
 
+    def trained(self) -> None:
+        self.calls.append(("trained",))
+
     def round_broken(self, within: float) -> bool:
         self.calls.append(("round_broken", within))
         return self.broken
@@ -102,10 +105,11 @@ def trainer(script: list[list[Any]]) -> Any:
 
 
 def test_a_run_without_trouble_syncs_once_and_never_resets() -> None:
+    """...and says once, at its first commit, that this worker has trained."""
     backend = FakeBackend()
     state = Counter(backend)
     assert run_with(backend, trainer([["step", "step"]]))(state) == 2
-    assert backend.calls == [("sync",), ("synced",)]
+    assert backend.calls == [("sync",), ("synced",), ("trained",)]
     assert state.restores == 0 and state.commit_count == 2
 
 
@@ -144,8 +148,9 @@ def test_the_loop_recovers_from_what_the_round_did(
     # After every reset: the callbacks, then a sync from rank 0, then the driver hears of it.
     assert callbacks == list(range(1, len(resets) + 1))
     assert backend.named("sync") == [()] * (len(resets) + 1)
-    assert [c[0] for c in backend.calls if c[0] != "round_broken"] == \
+    assert [c[0] for c in backend.calls if c[0] not in ("round_broken", "trained")] == \
         ["sync", "synced"] + ["reset", "sync", "synced"] * len(resets)
+    assert backend.named("trained") == [()]  # once, at this process's first commit
 
 
 @pytest.mark.parametrize(("raised", "communication_errors", "broken", "asked"), [

@@ -35,8 +35,15 @@ from tests.unit.machine_sim import Sim, config, of
 ])
 def test_each_host_gives_its_slots_rounded_down_to_whole_groups(
         slots: dict[str, int], shard_size: int, expected: dict[str, int]) -> None:
-    assert whole_groups(slots, shard_size) == expected
-    assert list(whole_groups(slots, shard_size)) == [h for h in slots if h in expected]
+    indices = {host: tuple(range(n)) for host, n in slots.items()}
+    assert whole_groups(indices, shard_size) == {h: tuple(range(n)) for h, n in expected.items()}
+    assert list(whole_groups(indices, shard_size)) == [h for h in slots if h in expected]
+
+
+def test_a_group_missing_a_blacklisted_slot_gives_none() -> None:
+    """Slot 1 of a left out: group 0 (slots 0, 1) is not whole, group 1 (2, 3) is."""
+    assert whole_groups({"a": (0, 2, 3), "b": (0, 1)}, 2) == {"a": (2, 3), "b": (0, 1)}
+    assert whole_groups({"a": (0, 2, 3)}, 1) == {"a": (0, 2, 3)}
 
 
 @pytest.mark.parametrize("max_np, shard_size, expected", [
@@ -73,18 +80,29 @@ def assert_whole_groups(assignment: Assignment, shard_size: int) -> None:
         assert info.local_size % shard_size == 0
 
 
-def test_a_failed_host_takes_its_groups_and_the_survivors_keep_their_ranks() -> None:
+def test_a_failed_worker_takes_its_group_and_the_survivors_keep_their_ranks() -> None:
+    """b[1] fails: b[0], its group's other member, is stopped; the group gets new workers
+    (standbys, as the survivors meet --min-np) that join at a commit."""
     sim = Sim(config(np=4, min_np=2, shard_size=2))
     sim.running({"a": 2, "b": 2})
     first = dict(sim.state.assignment)
     assert ranks(first) == {"a[0]": 0, "a[1]": 1, "b[0]": 2, "b[1]": 3}
     kept = {slot: sim.worker_on(slot.host, slot.index).id for slot in first if slot.host == "a"}
+    peer = sim.worker_on("b", 0)
     sim.send(ev.WorkerExited(sim.worker_on("b", 1).id, 1))
     [opened] = of(ev.OpenRound, sim.advance(0.0))
     assert opened.number == 2 and opened.new_workers == 0
     assert ranks(opened.assignment) == {"a[0]": 0, "a[1]": 1}
     current = sim.state.round
     assert current is not None and {s: current.members[s] for s in current.members} == kept
+    assert [w for stop in of(ev.StopWorkers, sim.log) for w in stop.workers] == [peer.id]
+    # The group's new workers start (b[0]'s once its stopped worker is gone)
+    assert [str(s.slot) for s in of(ev.Spawn, sim.send(ev.WorkerExited(peer.id, -15)))] == [
+        "b[0]"]
+    refills = [s for s in of(ev.Spawn, sim.log) if s.round == 3]
+    assert sorted(str(s.slot) for s in refills) == ["b[0]", "b[1]"]
+    assert all(s.standby for s in refills)
+    assert_whole_groups(refills[0].assignment, 2)
 
 
 def test_a_lost_host_in_the_middle_moves_later_groups_down_by_whole_groups() -> None:
@@ -133,7 +151,7 @@ def test_shard_size_1_uses_every_slot() -> None:
     assert ranks(sim.state.assignment) == {"a[0]": 0, "a[1]": 1, "b[0]": 2}
     sim.send(ev.WorkerExited(sim.worker_on("a", 1).id, 1))
     sim.advance(0.0)
-    assert ranks(sim.state.assignment) == {"b[0]": 0}
+    assert ranks(sim.state.assignment) == {"a[0]": 0, "b[0]": 1}
     assert not [a for a in sim.log if isinstance(a, ev.Log) and "unused" in a.message]
 
 

@@ -164,4 +164,5 @@ def test_a_failure_while_the_driver_waits_is_recovered_once_it_knows_who_is_back
     actions += new.advance(1.0)
     assert new.state.round_number == 2 and {s.host for s in new.state.assignment} == {"a", "b"}
     assert len(of(ev.RecordFailure, actions)) == 1  # the exit's, not a second for "missing"
-    assert not of(ev.Spawn, actions)  # the survivors go on in their own processes
+    # the survivors go on in their own processes; c's slot gets a new worker
+    assert [s.slot.host for s in of(ev.Spawn, actions)] == ["c"]

@@ -45,6 +45,11 @@ def view() -> JobView:
             "x": BlacklistEntry(failures=2, until=NOW),  # ended exactly now
             "old": BlacklistEntry(failures=1, until=NOW - 1),  # ended, not discovered
         },
+        slot_blacklist={
+            ("a", 1): BlacklistEntry(failures=1, until=NOW + 12.5),
+            ("h", 3): BlacklistEntry(failures=2, until=None),
+            ("b", 0): BlacklistEntry(failures=1, until=NOW),  # ended exactly now
+        },
         np=4, min_np=2, max_np=7, reset_limit=10,
         discovery="host-change webhook", discovery_error=None,
     )
@@ -116,6 +121,12 @@ def test_build_status() -> None:
             {"host": "g", "failures": 1, "cooldown_left_s": 30.25,
              "cooldown_ends_at": WALL + 30.25},
         ],
+        "blacklisted_slots": [
+            {"host": "a", "slot": 1, "failures": 1, "cooldown_left_s": 12.5,
+             "cooldown_ends_at": WALL + 12.5},
+            {"host": "h", "slot": 3, "failures": 2, "cooldown_left_s": None,
+             "cooldown_ends_at": None},
+        ],
         "discovery": {"source": "host-change webhook", "last_error": None},
     }
     json.dumps(status)  # serialisable as it is
@@ -160,6 +171,9 @@ def test_format_status_table() -> None:
         "blacklisted:",
         "  f  3 failure(s), permanently",
         "  g  1 failure(s), for another 30s",
+        "blacklisted slots:",
+        "  a[1]  1 time(s), for another 12s",
+        "  h[3]  2 time(s), permanently",
     ])
 
 

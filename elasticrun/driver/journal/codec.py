@@ -4,11 +4,12 @@ What a resumed driver cannot learn back from the workers is kept: the phase, eve
 record (its slot, rank, the rounds it joined and whose committed state it holds), the
 current round (its assignment, members, who joined and synced), the notice and probe
 sequences, the broken round, whether a commit exists, whether the scripts call er.init()
-and how often their rounds restarted, and the hosts (discovered, blacklisted with their
-cooldowns, drained). What only matters while one driver lives is not kept: timers (a cut,
-the capacity and sync-grace deadlines, a stall's probes), reset requests, held joins, a
-growth in progress, a restart in progress and the storm count; a resumed driver starts
-those afresh.
+and how often their rounds restarted, the hosts (discovered, blacklisted with their
+cooldowns, drained), the slots blacklisted, and each slot's failures in a row. What only
+matters while one driver lives is not kept: timers (a cut, the capacity and sync-grace
+deadlines, a stall's probes), reset requests, held joins, a growth in progress, a restart in
+progress, refills waiting for a failed worker to exit and the storm count; a resumed driver
+starts those afresh.
 
 The machine's clock is monotonic, which does not survive a restart: times are kept as wall
 clock and turned back into the new driver's monotonic clock (`now` and `wall` name the same
@@ -21,6 +22,7 @@ from typing import Any
 
 from elasticrun.driver.hosts.registry import BlacklistEntry, HostRegistry
 from elasticrun.driver.rounds.assignment import SlotId
+from elasticrun.driver.rounds.evidence import Strikes
 from elasticrun.driver.rounds.state import JobPhase, JobState, Round, WorkerRecord, WorkerStatus
 from elasticrun.protocol import SlotInfo
 
@@ -51,10 +53,13 @@ def encode(state: JobState, now: float, wall: float) -> dict[str, Any]:
         "probe_seq": state.probe_seq,
         "elastic_scripts": state.elastic_scripts,
         "restarts": state.restarts,
+        "trained": state.trained,
         "workers": [{"id": w.id, "slot": _slot(w.slot), "rank": w.rank, "standby": w.standby,
                      "status": w.status.value, "alive": w.alive,
                      "joined_round": w.joined_round, "synced_round": w.synced_round,
-                     "checked_in": w.checked_in} for w in state.workers.values()],
+                     "checked_in": w.checked_in,
+                     "started_at": None if w.started_at is None else to_wall(w.started_at)}
+                    for w in state.workers.values()],
         "round": None if round_ is None else {
             "number": round_.number,
             "assignment": [[_slot(slot), info.to_json()]
@@ -66,7 +71,7 @@ def encode(state: JobState, now: float, wall: float) -> dict[str, Any]:
             "synced": sorted(round_.synced),
             "complete": round_.complete,
             "settled": round_.settled,
-            "host_failed": round_.host_failed,
+            "worker_lost": round_.worker_lost,
         },
         "hosts": {
             "discovered": [[host, slots] for host, slots in state.hosts.discovered.items()],
@@ -74,7 +79,13 @@ def encode(state: JobState, now: float, wall: float) -> dict[str, Any]:
                                  "until": None if entry.until is None else to_wall(entry.until)}
                           for host, entry in state.hosts.blacklist_snapshot().items()},
             "drained": sorted(state.hosts.drained),
+            "slot_blacklist": [[host, index, entry.failures,
+                                None if entry.until is None else to_wall(entry.until)]
+                               for (host, index), entry
+                               in state.hosts.slot_blacklist_snapshot().items()],
         },
+        "strikes": [[_slot(slot), record.count, record.cause]
+                    for slot, record in state.strikes.items()],
     }
 
 
@@ -96,7 +107,10 @@ def decode(body: dict[str, Any], hosts: HostRegistry, now: float, wall: float) -
                                        None if entry["until"] is None
                                        else to_now(float(entry["until"])))
              for host, entry in kept["blacklist"].items()},
-            {str(host) for host in kept["drained"]})
+            {str(host) for host in kept["drained"]},
+            {(str(host), int(index)): BlacklistEntry(int(failures), None if until is None
+                                                     else to_now(float(until)))
+             for host, index, failures, until in kept.get("slot_blacklist", [])})
         workers = {}
         for w in body["workers"]:
             record = WorkerRecord(str(w["id"]), _slot_id(w["slot"]), int(w["rank"]),
@@ -104,7 +118,9 @@ def decode(body: dict[str, Any], hosts: HostRegistry, now: float, wall: float) -
                                   status=WorkerStatus(w["status"]), alive=bool(w["alive"]),
                                   joined_round=int(w["joined_round"]),
                                   synced_round=int(w["synced_round"]),
-                                  checked_in=bool(w["checked_in"]))
+                                  checked_in=bool(w["checked_in"]),
+                                  started_at=None if w.get("started_at") is None
+                                  else to_now(float(w["started_at"])))
             workers[record.id] = record
         kept_round = body["round"]
         round_ = None if kept_round is None else Round(
@@ -116,14 +132,17 @@ def decode(body: dict[str, Any], hosts: HostRegistry, now: float, wall: float) -
             opened_at=to_now(float(kept_round["opened_at"])),
             joined=set(kept_round["joined"]), synced=set(kept_round["synced"]),
             complete=bool(kept_round["complete"]), settled=bool(kept_round["settled"]),
-            host_failed=bool(kept_round["host_failed"]))
+            worker_lost=bool(kept_round.get("worker_lost", kept_round.get("host_failed"))))
         return JobState(hosts=hosts, phase=JobPhase(body["phase"]), workers=workers,
                         round=round_, notice_seq=int(body["notice_seq"]),
                         broken_round=int(body["broken_round"]),
                         state_committed=bool(body["state_committed"]),
                         probe_seq=int(body["probe_seq"]),
                         elastic_scripts=bool(body.get("elastic_scripts", True)),
-                        restarts=int(body.get("restarts", 0)))
+                        restarts=int(body.get("restarts", 0)),
+                        trained=bool(body.get("trained", True)),
+                        strikes={_slot_id(slot): Strikes(int(count), str(cause))
+                                 for slot, count, cause in body.get("strikes", [])})
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"journal body does not describe a job ({type(exc).__name__}: "
                          f"{exc})") from exc

@@ -37,6 +37,9 @@ class DriverMetrics:
             "elasticrun_worker_failures", "Workers that failed, by cause.", ["cause"], registry=r)
         self.hosts_blacklisted = Counter(
             "elasticrun_hosts_blacklisted", "Times a host was blacklisted.", registry=r)
+        self.slots_blacklisted = Counter(
+            "elasticrun_slots_blacklisted", "Times a slot (one local rank of a host) was "
+            "blacklisted alone.", registry=r)
         self.discovery_errors = Counter(
             "elasticrun_discovery_errors", "Discovery calls that failed or timed out.",
             registry=r)

@@ -24,7 +24,8 @@ log = logging.getLogger("elasticrun.events")
 
 EVENT_TYPES = ("job_started", "driver_resumed", "round_started", "round_restarting",
                "host_added", "host_removed", "host_drained", "host_blacklisted",
-               "host_restored", "worker_failed", "total_loss", "state_restored",
+               "host_restored", "slot_blacklisted", "slot_restored", "worker_failed",
+               "total_loss", "state_restored",
                "job_finished", "job_failed")
 HEADER_EVENT = "X-Elasticrun-Event"
 HEADER_TIMESTAMP = "X-Elasticrun-Timestamp"

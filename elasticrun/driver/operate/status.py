@@ -27,6 +27,7 @@ class JobView:
     discovered: HostSlots
     drained: frozenset[str]
     blacklist: dict[str, BlacklistEntry]
+    slot_blacklist: dict[tuple[str, int], BlacklistEntry]
     np: int
     min_np: int
     max_np: int | None
@@ -65,15 +66,11 @@ def build_status(view: JobView) -> dict[str, Any]:
     states = host_states(view)
     hosts = [{"host": host, "slots": view.discovered.get(host, 0), "state": state,
               "ranks": ranks.get(host, [])} for host, state in states.items()]
-    blacklist = []
-    for host, entry in view.blacklist.items():
-        if entry.until is not None and entry.until <= view.now:
-            continue
-        left = None if entry.until is None else round(entry.until - view.now, 3)
-        blacklist.append({
-            "host": host, "failures": entry.failures, "cooldown_left_s": left,
-            "cooldown_ends_at": None if left is None else round(view.wall_now + left, 3),
-        })
+    blacklist = [{"host": host, **_cooldown(view, entry)}
+                 for host, entry in view.blacklist.items() if _in_force(view, entry)]
+    slots = [{"host": host, "slot": index, **_cooldown(view, entry)}
+             for (host, index), entry in view.slot_blacklist.items()
+             if _in_force(view, entry)]
     return {
         "job_id": view.job_id,
         "driver_epoch": view.epoch,
@@ -89,8 +86,19 @@ def build_status(view: JobView) -> dict[str, Any]:
         "np": view.np, "min_np": view.min_np, "max_np": view.max_np,
         "hosts": hosts,
         "blacklist": blacklist,
+        "blacklisted_slots": slots,
         "discovery": {"source": view.discovery, "last_error": view.discovery_error},
     }
+
+
+def _in_force(view: JobView, entry: BlacklistEntry) -> bool:
+    return entry.until is None or entry.until > view.now
+
+
+def _cooldown(view: JobView, entry: BlacklistEntry) -> dict[str, Any]:
+    left = None if entry.until is None else round(entry.until - view.now, 3)
+    return {"failures": entry.failures, "cooldown_left_s": left,
+            "cooldown_ends_at": None if left is None else round(view.wall_now + left, 3)}
 
 
 def count_states(states: dict[str, str]) -> dict[str, int]:

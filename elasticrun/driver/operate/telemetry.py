@@ -141,6 +141,15 @@ class Telemetry:
     def host_restored(self, host: str) -> None:
         self._bus.emit("host_restored", host=host)
 
+    def slot_blacklisted(self, host: str, slot: int, cause: str, cooldown_s: float | None,
+                         failures: int) -> None:
+        self.metrics.slots_blacklisted.inc()
+        self._bus.emit("slot_blacklisted", host=host, slot=slot, cause=cause,
+                       cooldown_s=cooldown_s, failures=failures)
+
+    def slot_restored(self, host: str, slot: int) -> None:
+        self._bus.emit("slot_restored", host=host, slot=slot)
+
     def discovery_polled(self, seconds: float, failed: bool) -> None:
         self.metrics.discovery_seconds.observe(seconds)
         if failed:

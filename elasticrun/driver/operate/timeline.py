@@ -199,6 +199,9 @@ class JobTimeline:
                         cooldown_s=fields.get("cooldown_s"), cause=fields.get("cause"))
         if report.name in ("host_drained", "host_restored"):
             return mark(report.name.replace("_", " "), host=fields.get("host"))
+        if report.name == "slot_blacklisted":
+            return mark("slot blacklisted", host=fields.get("host"), slot=fields.get("slot"),
+                        cooldown_s=fields.get("cooldown_s"), cause=fields.get("cause"))
         return []
 
     # --- the file --------------------------------------------------------------------------

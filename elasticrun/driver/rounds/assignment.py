@@ -36,27 +36,38 @@ def order_hosts(previous: Sequence[str], available: Iterable[str]) -> list[str]:
     return kept + [host for host in available if host not in kept_set]
 
 
-def assign(hosts: Sequence[tuple[str, int]], max_size: int | None = None) -> Assignment:
-    """Gives ranks host by host; at most `max_size` slots in all. Hosts with 0 slots get none."""
-    per_host: list[tuple[str, int]] = []
-    remaining = max_size if max_size is not None else sum(max(s, 0) for _, s in hosts)
+HostSlotList = Sequence[tuple[str, int | Sequence[int]]]
+
+
+def slot_indices(slots: int | Sequence[int]) -> tuple[int, ...]:
+    """A host's usable slots: a count (slots 0..n-1) or the indices themselves."""
+    return tuple(range(max(slots, 0))) if isinstance(slots, int) else tuple(slots)
+
+
+def assign(hosts: HostSlotList, max_size: int | None = None) -> Assignment:
+    """Gives ranks host by host; at most `max_size` slots in all. A host gives a count of
+    slots (0..n-1) or the indices of its usable slots (some may be left out: evidence.py);
+    hosts with none get none. A slot's index is its local rank, whatever is left out, so a
+    worker's local rank (its GPU) never changes."""
+    per_host: list[tuple[str, tuple[int, ...]]] = []
+    remaining = max_size if max_size is not None else sum(len(slot_indices(s)) for _, s in hosts)
     for host, slots in hosts:
-        take = min(max(slots, 0), remaining)
-        if take > 0:
+        take = slot_indices(slots)[:max(remaining, 0)]
+        if take:
             per_host.append((host, take))
-            remaining -= take
-    size = sum(take for _, take in per_host)
+            remaining -= len(take)
+    size = sum(len(take) for _, take in per_host)
     result: Assignment = {}
     rank = 0
     for host, take in per_host:
-        for local_rank in range(take):
-            peers = [h for h, t in per_host if t > local_rank]
+        for local_rank in take:
+            peers = [h for h, t in per_host if local_rank in t]
             result[SlotId(host, local_rank)] = SlotInfo(
                 hostname=host,
                 rank=rank,
                 size=size,
                 local_rank=local_rank,
-                local_size=take,
+                local_size=len(take),
                 cross_rank=peers.index(host),
                 cross_size=len(peers),
             )
@@ -69,7 +80,7 @@ def hosts_in_rank_order(assignment: Assignment) -> list[str]:
     return list(dict.fromkeys(slot.host for slot, _ in ordered))
 
 
-def assign_keeping_state(hosts: Sequence[tuple[str, int]], max_size: int | None,
+def assign_keeping_state(hosts: HostSlotList, max_size: int | None,
                          holders: Sequence[SlotId],
                          keepers: Sequence[SlotId] | None = None, *,
                          shard_size: int = 1) -> Assignment:
@@ -96,4 +107,4 @@ def assign_keeping_state(hosts: Sequence[tuple[str, int]], max_size: int | None,
     keeper = keepers[0]
     rest = [(host, slots) for host, slots in ordered if host != keeper.host]
     kept = -(-(keeper.index + 1) // shard_size) * shard_size
-    return assign([(keeper.host, kept), *rest], max_size)
+    return assign([(keeper.host, range(kept)), *rest], max_size)

@@ -41,9 +41,13 @@ class Shortfall:
     wake_at: float | None
 
 
-def shortfall(config: DriverConfig, slots: int, registry: HostRegistry, now: float) -> Shortfall:
+def shortfall(config: DriverConfig, slots: int, registry: HostRegistry, now: float,
+              trained: bool = True) -> Shortfall:
+    """`trained`: some worker of the job has worked. Until one has, a blacklisted slot or
+    host is not waited for: what failed is most likely the job's own set-up (a missing
+    command, an import error, a bad flag), which a cooldown does not mend."""
     discovered = registry.discovered
-    returning = registry.next_cooldown_end(now)
+    returning = registry.next_cooldown_end(now) if trained else None
     all_blacklisted = bool(discovered) and all(registry.is_blacklisted(h, now)
                                                for h in discovered)
     if returning is None and (not config.dynamic_hosts or all_blacklisted):

@@ -11,11 +11,19 @@ same failure with no commit in between.
 from __future__ import annotations
 
 from elasticrun.discovery.parsing import format_hosts
-from elasticrun.driver.rounds import growth, joins, planner, replica_groups, restarts, total_loss
+from elasticrun.driver.rounds import (
+    growth,
+    joins,
+    planner,
+    replica_groups,
+    restarts,
+    slot_failures,
+    total_loss,
+)
 from elasticrun.driver.rounds.assignment import Assignment, SlotId
 from elasticrun.driver.rounds.capacity import shortfall, start_refusal
 from elasticrun.driver.rounds.events import OpenRound, Spawn, TimerKind
-from elasticrun.driver.rounds.state import JobPhase, Round, WorkerRecord
+from elasticrun.driver.rounds.state import JobPhase, Round, WorkerRecord, WorkerStatus
 from elasticrun.driver.rounds.step import Step
 
 # Workers report a completed sync just before a failure can make the driver think that no
@@ -31,7 +39,8 @@ def try_start(step: Step, waited_out: bool) -> None:
     if state.phase is not JobPhase.STARTING:
         return
     replica_groups.note_left_over(step)
-    available = sum(planner.usable_slots(state, config.shard_size, step.now).values())
+    available = sum(len(slots) for slots in
+                    planner.usable_slots(state, config.shard_size, step.now).values())
     refusal = start_refusal(config, available, state.hosts, waited_out)
     if refusal is not None:
         step.fail(refusal)
@@ -70,7 +79,8 @@ def cut(step: Step) -> None:
     if capacity < config.min_np:
         _short_of_slots(step, capacity)
         return
-    target = planner.desired(state, config.max_np, config.shard_size, now)
+    target = _without_refills(step, planner.desired(state, config.max_np, config.shard_size,
+                                                   now))
     state.capacity_deadline = None
     if not restoring and planner.state_lost(state, now):
         if not _awaiting_sync_reports(step):
@@ -85,6 +95,23 @@ def cut(step: Step) -> None:
     if _storming(step):
         return
     _open(step, number, target)
+
+
+def _without_refills(step: Step, target: Assignment) -> Assignment:
+    """`target` without the slots that need a new worker (or whose standby is still
+    starting), when the workers ready meet --min-np without them: the survivors go on at
+    once, and the new workers start while they train and join at a commit (growth.py),
+    rather than hold everybody at the rendezvous while they start. The first round, a
+    restart, and a round short of --min-np without them take them at once."""
+    state, config = step.state, step.config
+    if state.round is None or state.restoring or restarts.plain(state):
+        return target
+    ready = {slot for slot, w in state.holders().items() if not w.standby or w.checked_in}
+    refills = frozenset(slot for slot in target if slot not in ready)
+    if not refills:
+        return target
+    without = planner.without(target, refills)
+    return without if without and len(without) >= config.min_np else target
 
 
 def _awaiting_sync_reports(step: Step) -> bool:
@@ -104,7 +131,7 @@ def _awaiting_sync_reports(step: Step) -> bool:
 
 def _short_of_slots(step: Step, slots: int) -> None:
     state, config, now = step.state, step.config, step.now
-    short = shortfall(config, slots, state.hosts, now)
+    short = shortfall(config, slots, state.hosts, now, slot_failures.trained_ever(step))
     if short.hopeless is not None:
         step.fail(f"no progress possible: {short.hopeless}")
         return
@@ -128,7 +155,7 @@ def _storming(step: Step) -> bool:
         return False
     failures = [r for r in state.resets.values() if r.failure]
     committed = any(r.committed for r in state.resets.values())
-    if not failures or committed or previous.host_failed:
+    if not failures or committed or previous.worker_lost:
         state.storm.clear()
         return False
     first = failures[0]
@@ -146,6 +173,7 @@ def _storming(step: Step) -> bool:
 def _open(step: Step, number: int, target: Assignment) -> None:
     state = step.state
     holders = state.holders()
+    occupants = {w.slot: w for w in state.workers.values() if w.alive}
     members: dict[SlotId, str] = {}
     new_slots: list[SlotId] = []
     for slot in target:
@@ -164,7 +192,13 @@ def _open(step: Step, number: int, target: Assignment) -> None:
                       if not w.alive and w.id not in state.round.member_ids]:
         del state.workers[worker_id]  # gone for good: nothing refers to it any more
     for worker in state.workers.values():
-        worker.standby = False  # standbys are members now, or have no place
+        if worker.standby and worker.alive and worker.status is WorkerStatus.RUNNING \
+                and worker.id not in state.round.member_ids:
+            state.growth.ids.add(worker.id)  # still starting: it joins a later round
+            if worker.checked_in:
+                state.growth.ready.add(worker.id)
+        else:
+            worker.standby = False  # standbys are members now, or have no place
     for slot in new_slots:
         worker = WorkerRecord(members[slot], slot, target[slot].rank)
         state.workers[worker.id] = worker
@@ -176,8 +210,9 @@ def _open(step: Step, number: int, target: Assignment) -> None:
     new = f" ({len(new_slots)} new worker(s))" if number > 1 and new_slots else ""
     step.log("info", f"round {number}: world size {len(target)} on {format_hosts(per_host)}{new}")
     for slot in new_slots:
-        step.emit(Spawn(members[slot], slot, target, standby=False, round=number,
-                        restarts=state.restarts, restore=state.restoring))
+        step.spawn(Spawn(members[slot], slot, target, standby=False, round=number,
+                         restarts=state.restarts, restore=state.restoring),
+                   occupants.get(slot))
     joins.opened(step)
     joins.reevaluate(step)
     growth.plan(step)

@@ -28,7 +28,8 @@ class TimerKind(enum.Enum):
     UNJOINED = "unjoined"  # no member of `round` has joined since it opened (the backstop)
     HOLD_LEAVING = "hold_leaving"  # leaving workers of `round` stop waiting for it to settle
     STANDBY_DEADLINE = "standby_deadline"  # standby `worker` has not checked in
-    COOLDOWN_END = "cooldown_end"  # blacklisted `host` may return
+    COOLDOWN_END = "cooldown_end"  # blacklisted `host` (or its slot `slot`) may return
+    VACATE = "vacate"  # failed `worker` still occupies the slot its refill waits for
     PROBE = "probe"  # a stalled `round`: who answered its probe, who is hung (liveness.py)
     FORMING = "forming"  # `round` not settled yet: what its laggards' hosts say (liveness.py)
     RESUME_BOUND = "resume_bound"  # a resumed driver stops waiting for workers to come back
@@ -41,6 +42,7 @@ class Timer:
     round: int = 0
     worker: str = ""
     host: str = ""
+    slot: int = -1  # a slot's index on `host` (-1: the host itself)
 
 
 # --- events ----------------------------------------------------------------------------------
@@ -143,6 +145,14 @@ class WorkerSynced:
 
 
 @dataclass(frozen=True)
+class WorkerTrained:
+    """A worker completed its first commit: it has worked (its slot's failures before it are
+    forgiven: evidence.py)."""
+
+    worker: str
+
+
+@dataclass(frozen=True)
 class WorkerStalled:
     """A member has waited `waited_s` in a collective of `round`, far longer than its
     collectives take: a peer may be hung."""
@@ -188,7 +198,7 @@ class Interrupted:
 Event = (JobStarted | JobResumed | WorkerBack | HostsFound | HostsDrained | HostsAdded
          | WorkerStarted | SpawnFailed | WorkerExited | WorkerFailing | JoinAsked | WorkerSynced
          | TimerFired | Interrupted | WorkerStalled | ProbeAnswered | ProcessesInspected
-         | InitCalled)
+         | InitCalled | WorkerTrained)
 
 
 # --- actions ---------------------------------------------------------------------------------

@@ -13,10 +13,10 @@ kept until then, holding the committed state: a host that comes back is used aga
 
 from __future__ import annotations
 
-from elasticrun.driver.rounds import planner, replica_groups, restarts
+from elasticrun.driver.rounds import planner, replica_groups, restarts, slot_failures
 from elasticrun.driver.rounds.assignment import Assignment
-from elasticrun.driver.rounds.events import PostNotice, Spawn, TimerKind
-from elasticrun.driver.rounds.state import JobPhase, WorkerRecord
+from elasticrun.driver.rounds.events import PostNotice, Spawn, StopWorkers, TimerKind
+from elasticrun.driver.rounds.state import JobPhase, WorkerRecord, WorkerStatus
 from elasticrun.driver.rounds.step import Step
 from elasticrun.protocol import HostUpdateResult
 
@@ -50,14 +50,15 @@ def plan(step: Step) -> None:
     holders = state.holders()
     missing = [slot for slot in target if slot not in holders]
     if missing:
-        step.log("info", f"hosts changed: starting {len(missing)} worker(s) for the next "
-                         f"round while training continues")
+        step.log("info", f"starting {len(missing)} worker(s) for the next round while "
+                         f"training continues")
+    occupants = {w.slot: w for w in state.workers.values() if w.alive} if missing else {}
     for slot in missing:
         worker = WorkerRecord(step.new_worker_id(slot), slot, target[slot].rank, standby=True)
         state.workers[worker.id] = worker
         growth.ids.add(worker.id)
-        step.emit(Spawn(worker.id, slot, target, standby=True, round=current.number + 1,
-                        restarts=state.restarts))
+        step.spawn(Spawn(worker.id, slot, target, standby=True, round=current.number + 1,
+                         restarts=state.restarts), occupants.get(slot))
     notify_if_ready(step)
 
 
@@ -92,15 +93,20 @@ def standby_started(step: Step, worker: WorkerRecord) -> None:
 
 
 def standby_deadline(step: Step, worker_id: str) -> None:
+    """A standby that has not called er.init() within --init-timeout fails (stopped), as
+    any worker that misses its bound."""
     state = step.state
     worker = state.workers.get(worker_id)
     if step.stopped or worker is None or not worker.alive \
             or worker_id not in state.growth.ids or worker_id in state.growth.ready:
         return
-    cause = (f"a new worker on host {worker.slot.host} did not call er.init() within "
+    cause = (f"a new worker in slot {worker.slot} did not call er.init() within "
              f"{step.config.init_timeout:g}s (--init-timeout)")
     step.record_failure(worker, cause, "check_in_timeout", rank=None)
-    step.fail_host(worker.slot.host, cause)
+    state.growth.ids.discard(worker.id)
+    worker.status = WorkerStatus.FAILED
+    step.emit(StopWorkers((worker.id,), kill=True))
+    slot_failures.failed(step, worker, cause)
 
 
 def notify_if_ready(step: Step) -> None:
@@ -113,7 +119,7 @@ def notify_if_ready(step: Step) -> None:
     state.notice_seq += 1
     step.emit(PostNotice(state.notice_seq, update(state.assignment, target)))
     if target:
-        step.log("info", f"hosts changed: next round will have world size {len(target)}; "
+        step.log("info", f"next round will have world size {len(target)}; "
                          f"notified workers (notice {state.notice_seq})")
 
 

@@ -7,8 +7,8 @@ settles, or the time a leaving worker is kept runs out.
 
 from __future__ import annotations
 
-from elasticrun.driver.rounds import growth
-from elasticrun.driver.rounds.events import JoinAsked, TimerKind
+from elasticrun.driver.rounds import growth, slot_failures
+from elasticrun.driver.rounds.events import JoinAsked, StopWorkers, TimerKind
 from elasticrun.driver.rounds.state import JobPhase, ResetRequest, WorkerRecord, WorkerStatus
 from elasticrun.driver.rounds.step import Step
 from elasticrun.protocol import JoinReply
@@ -173,7 +173,9 @@ def _fail_missing(step: Step, number: int, survivors: bool, within: str) -> None
         did = "did not join" if survivors else "did not call er.init() for"
         cause = f"rank {rank} on host {slot.host} {did} round {number} within {within}"
         step.record_failure(worker, cause, "check_in_timeout", rank=rank)
-        step.fail_host(slot.host, cause)
+        worker.status = WorkerStatus.FAILED
+        step.emit(StopWorkers((worker.id,), kill=True))
+        slot_failures.failed(step, worker, cause)
 
 
 def reset_requested(step: Step, worker: WorkerRecord, event: JoinAsked) -> None:

@@ -5,7 +5,7 @@ the driver carries out. No asyncio, no I/O, no clock: time comes in as `now`, ti
 as actions and come back as TimerFired events.
 
     STARTING --enough hosts--> RECOVERING --round cut--> RUNNING
-    RUNNING --host failed / reset asked--> RECOVERING --round cut--> RUNNING
+    RUNNING --a member failed / reset asked--> RECOVERING --round cut--> RUNNING
     RUNNING --a plain round's member failed--> RECOVERING (its members stopped: restarts.py)
     RECOVERING --short of --min-np--> (waits, up to --elastic-timeout)
     RUNNING --a member exited 0--> FINISHING --all members exited 0--> STOPPED
@@ -28,6 +28,7 @@ from elasticrun.driver.rounds import (
     liveness,
     restarts,
     resume,
+    slot_failures,
     total_loss,
 )
 from elasticrun.driver.rounds.assignment import SlotId
@@ -54,6 +55,7 @@ from elasticrun.driver.rounds.events import (
     WorkerStalled,
     WorkerStarted,
     WorkerSynced,
+    WorkerTrained,
 )
 from elasticrun.driver.rounds.exits import describe_exit, exit_kind
 from elasticrun.driver.rounds.state import JobPhase, JobState, WorkerRecord, WorkerStatus
@@ -84,8 +86,7 @@ class RoundMachine:
             if self.state.sync_grace_until is not None:
                 cutting.cut(step)
         elif isinstance(event, WorkerExited):
-            _worker_exited(step, event)
-            _after_exit(step)
+            _after_exit(step, _worker_exited(step, event))
         elif isinstance(event, WorkerFailing):
             _worker_failing(step, event)
         elif isinstance(event, TimerFired):
@@ -114,6 +115,8 @@ class RoundMachine:
         elif isinstance(event, SpawnFailed):
             _spawn_failed(step, event)
             _after_exit(step)
+        elif isinstance(event, WorkerTrained):
+            slot_failures.trained(step, event.worker)
         elif isinstance(event, InitCalled):
             self.state.elastic_scripts = True
         elif isinstance(event, Interrupted):
@@ -167,6 +170,7 @@ def _worker_started(step: Step, worker_id: str) -> None:
     worker = step.state.workers.get(worker_id)
     if worker is None:
         return
+    worker.started_at = step.now
     if worker.status is WorkerStatus.STOPPING:
         step.emit(StopWorkers((worker_id,)))  # its host failed while it was being started
     elif worker.standby:
@@ -187,48 +191,60 @@ def _spawn_failed(step: Step, event: SpawnFailed) -> None:
     step.fail_host(worker.slot.host, event.error)
 
 
-def _after_exit(step: Step) -> None:
-    """A worker is gone: a restart waiting for its round's members may go on, and so may a
-    cut waiting for sync reports (with no worker alive, none can come)."""
+def _after_exit(step: Step, gone: WorkerRecord | None = None) -> None:
+    """A worker is gone: the new worker waiting for its slot starts, a restart waiting for
+    its round's members may go on, and so may a cut waiting for sync reports (with no worker
+    alive, none can come). A failed standby's slot gets a new one (a member's: at the cut)."""
     state = step.state
+    if step.stopped:
+        return
+    slot_failures.vacated(step)
     waiting_for_reports = state.sync_grace_until is not None
     if restarts.all_gone(state, step.now) or state.unrecoverable is not None or (
             waiting_for_reports and not any(w.alive for w in state.workers.values())):
         cutting.cut(step)
+    if gone is not None and gone.status is WorkerStatus.FAILED and not state.is_member(gone.id):
+        state.workers.pop(gone.id, None)  # nothing refers to it any more (a cut may have
+        growth.plan(step)  # forgotten it already); its slot gets a new standby
 
 
-def _worker_exited(step: Step, event: WorkerExited) -> None:
+def _worker_exited(step: Step, event: WorkerExited) -> WorkerRecord | None:
+    """Returns the worker that is gone (None: unknown, or gone already)."""
     state = step.state
     worker = state.workers.get(event.worker)
     if worker is None or not worker.alive:
-        return
+        return None
     worker.alive = False
     _forget(step, worker.id)
     code = event.code
     if worker.status is WorkerStatus.FAILED:
         step.log("debug", f"worker {worker.slot} ended after its own error "
                           f"({describe_exit(code)})")
-        return
+        return worker
     if worker.status in (WorkerStatus.RELEASED, WorkerStatus.STOPPING):
         step.log("debug", f"worker {worker.slot} ended after being stopped or released "
                           f"({describe_exit(code)})")
         if worker.status is WorkerStatus.STOPPING:
             restarts.died_while_stopping(step, worker, code)
         _finish_if_done(step)
-        return
+        return worker
     if code == 0:
         worker.status = WorkerStatus.FINISHED
         if state.is_member(worker.id):
             state.phase = JobPhase.FINISHING
         _finish_if_done(step)
-        return
+        return worker
     worker.status = WorkerStatus.FAILED
     if event.host_lost and restarts.applies(state, worker):
         restarts.lost_with_host(step, worker, code)
-        return
+        return worker
     cause = f"rank {worker.rank} on host {worker.slot.host} {describe_exit(code)}"
     step.record_failure(worker, cause, exit_kind(code), rank=worker.rank, exit_code=code)
-    _failed(step, worker, cause, exit_kind(code))
+    if event.host_lost:  # its agent went away: the host is lost, not only this worker
+        step.fail_host(worker.slot.host, f"{cause} with its host's agent")
+    else:
+        _failed(step, worker, cause, exit_kind(code))
+    return worker
 
 
 def _worker_failing(step: Step, event: WorkerFailing) -> None:
@@ -249,8 +265,8 @@ def _worker_failing(step: Step, event: WorkerFailing) -> None:
 
 def _hung(step: Step, verdicts: list[liveness.Verdict]) -> None:
     """Hung workers are killed at once (one that woke up later must not act in a later
-    round) and fail their hosts, as a failed exit does. (A plain round restarts; a host
-    that does not answer fails even then: it can neither be stopped nor used.)"""
+    round) and fail as a failed exit does. A host that does not answer fails too: it can
+    neither be stopped nor used."""
     for verdict in verdicts:
         worker = verdict.worker
         if not worker.alive or worker.status is not WorkerStatus.RUNNING:
@@ -269,10 +285,11 @@ def _hung(step: Step, verdicts: list[liveness.Verdict]) -> None:
 def _failed(step: Step, worker: WorkerRecord, cause: str, kind: str) -> None:
     if restarts.applies(step.state, worker):
         restarts.failed(step, cause, kind)
+        slot_failures.blame(step, worker, cause)
     elif step.state.phase is JobPhase.FINISHING:
         step.fail(f"{cause} after other workers had finished")
     else:
-        step.fail_host(worker.slot.host, cause)
+        slot_failures.failed(step, worker, cause)
 
 
 def _forget(step: Step, worker_id: str) -> None:
@@ -325,8 +342,16 @@ def _timer_fired(step: Step, event: TimerFired) -> None:
         _after_exit(step)
     elif kind is TimerKind.STANDBY_DEADLINE:
         growth.standby_deadline(step, timer.worker)
+    elif kind is TimerKind.COOLDOWN_END and timer.slot >= 0:
+        if not state.hosts.slot_blacklisted(timer.host, timer.slot, step.now):
+            step.log("info", f"slot {SlotId(timer.host, timer.slot)}: blacklist cooldown "
+                             f"ended")
+            step.report("slot_restored", host=timer.host, slot=timer.slot)
+            _hosts_changed(step)
     elif kind is TimerKind.COOLDOWN_END:
         if not state.hosts.is_blacklisted(timer.host, step.now):
             step.log("info", f"host {timer.host}: blacklist cooldown ended")
             step.report("host_restored", host=timer.host)
             _hosts_changed(step)
+    elif kind is TimerKind.VACATE:
+        slot_failures.vacate_due(step, timer.worker)

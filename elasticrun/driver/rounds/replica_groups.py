@@ -8,16 +8,24 @@ lives, and a host's failure takes whole groups out of the job.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from elasticrun.driver.rounds.step import Step
 
 
-def whole_groups(slots_per_host: Mapping[str, int], shard_size: int) -> dict[str, int]:
-    """Each host's slots rounded down to a multiple of `shard_size`; hosts left with none
-    are dropped. With `shard_size` 1, the slots as given."""
-    return {host: whole for host, slots in slots_per_host.items()
-            if (whole := slots - slots % shard_size) > 0}
+def whole_groups(slots_per_host: Mapping[str, Sequence[int]], shard_size: int
+                 ) -> dict[str, tuple[int, ...]]:
+    """Each host's usable slot indices that make whole replica groups (group g is slots
+    g*S .. g*S+S-1, all usable); hosts left with none are dropped. With `shard_size` 1,
+    the slots as given."""
+    whole = {}
+    for host, slots in slots_per_host.items():
+        present = set(slots)
+        kept = tuple(i for i in slots if all(
+            g in present for g in range(i - i % shard_size, i - i % shard_size + shard_size)))
+        if kept:
+            whole[host] = kept
+    return whole
 
 
 def whole_size(max_np: int | None, shard_size: int) -> int | None:

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 from elasticrun.driver.hosts.registry import HostRegistry
 from elasticrun.driver.rounds.assignment import Assignment, SlotId
+from elasticrun.driver.rounds.events import Spawn
+from elasticrun.driver.rounds.evidence import Strikes
 from elasticrun.process_view import ProcessView
 
 
@@ -43,6 +45,7 @@ class WorkerRecord:
     joined_round: int = 0  # the last round it joined; 0: none yet (it is starting up)
     synced_round: int = 0  # the last round whose committed state it holds; 0: none
     checked_in: bool = False  # a standby that asked to join
+    started_at: float | None = None  # when its process was started (None: not yet)
 
 
 @dataclass
@@ -56,9 +59,9 @@ class Round:
     synced: set[str] = field(default_factory=set)  # members that reported holding the state
     complete: bool = False
     settled: bool = False  # every member reported holding the committed state
-    host_failed: bool = False  # a member's host failed while this round was current
+    worker_lost: bool = False  # a member (or its host) failed while this round was current
     failed_hosts: set[str] = field(default_factory=set)  # hosts failed while it was current
-    first_failure: str = ""  # the cause of the first of them
+    first_failure: str = ""  # the cause of the first failure
     # Membership checks in O(1): a round of N joins must not cost O(N^2).
     member_ids: frozenset[str] = field(init=False)
 
@@ -187,9 +190,18 @@ class JobState:
     # the job ends once that worker has exited (its traceback printed).
     unrecoverable: tuple[str, str] | None = None
     lost_round: int = 0  # the last round whose total loss was restarted (counted once)
-    # Hosts failed since a round last settled (every member synced): a total loss gives them
-    # back, whichever of the rounds opened meanwhile (from workers already dead) they failed in.
+    # Hosts failed (or with slots blacklisted) since a round last settled (every member
+    # synced): a total loss gives them back, whichever of the rounds opened meanwhile (from
+    # workers already dead) they failed in.
     failed_unsettled: set[str] = field(default_factory=set)
+    # Each slot's failures in a row, none of its workers having worked since (evidence.py).
+    strikes: dict[SlotId, Strikes] = field(default_factory=dict)
+    # Some worker of the job has worked (reached a commit, or ran evidence.WORKED_RUN_S in
+    # restart mode): until then, failures are taken for the job's configuration, not luck.
+    trained: bool = False
+    # New workers whose slot a failed worker still occupies (it is exiting): started once
+    # it is gone (slot_failures.py), by worker id.
+    deferred_spawns: dict[str, Spawn] = field(default_factory=dict)
     # host -> its usable slots that fill no replica group (--shard-size), as last logged
     left_over: dict[str, int] = field(default_factory=dict)
 

@@ -22,6 +22,7 @@ from elasticrun.driver.rounds.events import (
     RecordFailure,
     Report,
     SetTimer,
+    Spawn,
     StopWorkers,
     Timer,
     TimerKind,
@@ -29,10 +30,14 @@ from elasticrun.driver.rounds.events import (
 from elasticrun.driver.rounds.state import JobPhase, JobState, WorkerRecord, WorkerStatus
 from elasticrun.protocol import JoinReply
 
-# The next round is cut this long after a host fails: at once (the event loop's next turn).
-# Waiting for more failures would cost every recovery its length, and the host's other
-# workers need no wait: the host is blacklisted at its first failure, and they with it.
+# The next round is cut this long after a member fails: at once (the event loop's next
+# turn). Waiting for more failures would cost every recovery its length; a failure found
+# later breaks the new round in turn.
 FAILURE_COLLECTION_S = 0.0
+# A failed worker that still runs (printing its error, or being stopped) holds its slot's
+# refill back this long at most (a refill must not share a GPU with a dying process); then
+# it is killed.
+VACATE_WAIT_S = 5.0
 
 
 @dataclass
@@ -54,8 +59,9 @@ class Step:
         self.actions.append(Report(name, fields))
 
     def timer(self, kind: TimerKind, at: float, *, round: int = 0, worker: str = "",
-              host: str = "") -> None:
-        self.actions.append(SetTimer(Timer(kind, round=round, worker=worker, host=host), at))
+              host: str = "", slot: int = -1) -> None:
+        self.actions.append(SetTimer(Timer(kind, round=round, worker=worker, host=host,
+                                           slot=slot), at))
 
     def answer(self, worker_id: str, reply: JoinReply) -> None:
         self.state.waiting_joins.pop(worker_id, None)
@@ -97,14 +103,29 @@ class Step:
             self.state.broken_round = number
             self.emit(BreakRound(number))
 
+    def spawn(self, spawn: Spawn, occupant: WorkerRecord | None) -> None:
+        """Starts a new worker in its slot, or once `occupant` (the slot's last worker, still
+        alive: failing, or being stopped) is gone (slot_failures.vacated)."""
+        if occupant is None or not occupant.alive or occupant.id == spawn.worker:
+            self.emit(spawn)
+            return
+        self.state.deferred_spawns[spawn.worker] = spawn
+        self.timer(TimerKind.VACATE, self.now + VACATE_WAIT_S, worker=occupant.id)
+
     def stop_workers(self, workers: list[WorkerRecord]) -> None:
         stopping = []
         for worker in workers:
-            if worker.alive and worker.status in (WorkerStatus.RUNNING, WorkerStatus.RELEASED):
+            if self.state.deferred_spawns.pop(worker.id, None) is not None:
+                worker.alive = False  # never started: nothing to stop
+                worker.status = WorkerStatus.RELEASED
+            elif worker.alive and worker.status in (WorkerStatus.RUNNING,
+                                                    WorkerStatus.RELEASED):
                 worker.status = WorkerStatus.STOPPING
-                self.state.growth.ids.discard(worker.id)
-                self.state.growth.ready.discard(worker.id)
                 stopping.append(worker.id)
+            else:
+                continue
+            self.state.growth.ids.discard(worker.id)
+            self.state.growth.ready.discard(worker.id)
         if stopping:
             self.emit(StopWorkers(tuple(stopping)))
 
@@ -127,10 +148,18 @@ class Step:
         self.stop_workers(state.live_on(host))
         if breaks:
             if current is not None:
-                current.host_failed = True
                 current.failed_hosts.add(host)
-                current.first_failure = current.first_failure or cause
-            state.failed_unsettled.add(host)
-            self.report("round_broken")
-            self.break_round(state.round_number)
-            self.request_cut(FAILURE_COLLECTION_S)
+            self.member_lost(host, cause)
+
+    def member_lost(self, host: str, cause: str) -> None:
+        """A member of the current round (on `host`) failed: its round is broken (its members
+        are told, they roll back) and the next round is cut."""
+        state = self.state
+        current = state.round
+        if current is not None:
+            current.worker_lost = True
+            current.first_failure = current.first_failure or cause
+        state.failed_unsettled.add(host)
+        self.report("round_broken")
+        self.break_round(state.round_number)
+        self.request_cut(FAILURE_COLLECTION_S)

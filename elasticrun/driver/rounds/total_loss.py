@@ -7,11 +7,12 @@ the driver starts a new round with new workers in the slots the hosts offer, tol
 (ENV_RESTORE): their first sync restores the newest complete kept commit (restoring.py).
 
 The rules:
-- The hosts whose failures made the loss (those failed since a round last settled: rounds
-  opened meanwhile from workers not yet known dead count too) are given back for the
-  restart (their count of failures kept): when every worker goes at once, no host is to
-  blame in particular, and blacklisting them all would leave the job nowhere to go (on one
-  machine, nothing). A host that really is broken fails the restarted round again.
+- The hosts (and slots) that the failures making the loss blacklisted (those since a
+  round last settled: rounds opened meanwhile from workers not yet known dead count too)
+  are given back for the restart (their count of failures kept): when every worker goes at
+  once, no host is to blame in particular, and blacklisting them all would leave the job
+  nowhere to go (on one machine, nothing). A host that really is broken fails the
+  restarted round again.
 - Such restarts count against --max-restarts, as restarts of a plain round do; with none
   left, the job ends, naming the failure: a failure that repeats on every rank after every
   restart ends the job after --max-restarts restarts.
@@ -55,7 +56,8 @@ def restart(step: Step) -> bool:
     state.lost_round = lost.number if lost is not None else 0
     state.restoring = True
     state.storm.clear()
-    given_back = sorted(state.failed_unsettled | (lost.failed_hosts if lost else set()))
+    failed = state.failed_unsettled | (lost.failed_hosts if lost else set())
+    given_back = sorted(host for host in failed if state.hosts.holds_out(host, step.now))
     for host in given_back:
         state.hosts.give_back(host)
     hosts = f"; hosts given back: {', '.join(given_back)}" if given_back else ""

@@ -86,6 +86,7 @@ class WorkerServer:
         app.router.add_post(protocol.PATH_JOIN, self.rounds.join)
         app.router.add_post(protocol.PATH_NOTICES, self.rounds.notices)
         app.router.add_post(protocol.PATH_SYNCED, self.rounds.synced)
+        app.router.add_post(protocol.PATH_TRAINED, self.rounds.trained)
         app.router.add_post(protocol.PATH_FAILING, self.rounds.failing)
         app.router.add_post(protocol.PATH_STALLED, self.rounds.stalled)
         app.router.add_post(protocol.PATH_INIT, self.rounds.init_called)

@@ -25,6 +25,7 @@ from elasticrun.driver.rounds.events import (
     WorkerFailing,
     WorkerStalled,
     WorkerSynced,
+    WorkerTrained,
 )
 from elasticrun.driver.rounds.state import JobState
 from elasticrun.driver.server import payload as p
@@ -131,6 +132,10 @@ class RoundEndpoints:
         return self._report(WorkerSynced(p.string(body, "worker_id"),
                                          p.integer(body, "round"), restored))
 
+    async def trained(self, request: web.Request) -> web.Response:
+        body = request[PAYLOAD]
+        return self._report(WorkerTrained(p.string(body, "worker_id")))
+
     async def failing(self, request: web.Request) -> web.Response:
         body = request[PAYLOAD]
         return self._report(WorkerFailing(p.string(body, "worker_id"),
@@ -148,7 +153,7 @@ class RoundEndpoints:
                                           p.seconds(body, "waited_s")))
 
     def _report(self, event: WorkerSynced | WorkerFailing | WorkerStalled | InitCalled
-                ) -> web.Response:
+                | WorkerTrained) -> web.Response:
         if not self._known(event.worker):
             return p.error(403, "unknown worker")
         self._post(event)

@@ -80,6 +80,9 @@ class TorchBackend:
     def synced(self) -> None:
         runtime.current().report_synced()
 
+    def trained(self) -> None:
+        runtime.current().report_trained()
+
     def round_broken(self, within: float) -> bool:
         return runtime.current().round_broken(within)
 

@@ -8,9 +8,12 @@ rank on each host (one copy per host), and rank 0 for --checkpoint-dir, where a 
 staged as a file of its own when a copy is due and copied on (checkpoint_copier.py).
 
 The thread reads the commit's copies in place (no second copy in memory); it takes a commit
-only holding them, and the next commit waits for that write to begin (`hold`), so a
-snapshot is always the last or the one before last commit. A failed write (a full /dev/shm,
-an object that cannot be pickled) is logged once and costs only that commit.
+only holding them, and the next commit waits for that write to begin, and so end (`hold`):
+this host's snapshot is this rank's last commit or the one before. The job's other ranks do
+not wait for a writer, so when its writes take longer than a step they may have completed
+one commit more: a host snapshot is at most two commits behind the job's last. A failed
+write (a full /dev/shm, an object that cannot be pickled) is logged once and costs only that
+commit.
 """
 
 from __future__ import annotations
@@ -140,7 +143,7 @@ class CommitKeeper:
     def hold(self) -> Iterator[None]:
         """While held, no write reads the commit's copies (a commit refills them). It is
         taken once the last commit's write has begun (and so, holding the copies, ended):
-        the newest snapshot is then never older than the commit before the last."""
+        the newest snapshot is then never older than this rank's commit before the last."""
         with self._wake:
             self._wake.wait_for(lambda: self._pending is None, timeout=HOLD_WAIT_S)
         with self._busy:

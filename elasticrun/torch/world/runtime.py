@@ -196,6 +196,15 @@ class Runtime:
         except RequestRefusedError as exc:  # it is being stopped: nothing to hold for
             log.debug("the driver did not take the sync report: %s", exc)
 
+    def report_trained(self) -> None:
+        """Tells the driver that this worker completed its first commit (best effort)."""
+        if self.client is None:
+            return
+        try:
+            self.client.call(protocol.PATH_TRAINED, {"worker_id": self.worker_id})
+        except (RequestRefusedError, DriverUnreachableError) as exc:
+            log.debug("the driver did not take the first-commit report: %s", exc)
+
     def note_restored(self, commit: int, source: str) -> None:
         """This worker's sync restored commit `commit` from `source` (a host, a directory)."""
         self.restored = (commit, source)
