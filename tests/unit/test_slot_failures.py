@@ -221,7 +221,7 @@ def test_a_job_that_never_trained_ends_at_its_first_blacklisting() -> None:
     actions = sim.send(ev.WorkerExited(sim.worker_on("a", 0).id, 1))
     [fail] = of(ev.Fail, actions)
     assert fail.message.startswith("host a keeps failing: 3 failures in a row")
-    assert "(0 slot(s) left, --min-np 2); last: rank 0 on host a exited with code 1" \
+    assert "(0 slot(s) left, --min-np 2); last: rank 1 on host a exited with code 1" \
         in fail.message
 
 
@@ -239,3 +239,27 @@ def test_a_hung_member_of_a_restarting_round_is_forgotten_once() -> None:
     assert ev.StopWorkers((stopped.id,), kill=True) in actions
     assert of(ev.Fail, sim.send(ev.WorkerExited(stopped.id, -9))) == []
     assert stopped.id not in sim.state.workers
+
+
+def test_a_new_worker_never_takes_rank_0_from_a_survivor_on_its_own_host() -> None:
+    """a[0] (rank 0) dies and a[1] survives: a[1] is rank 0 of the next round, and stays
+    so when a[0]'s new worker joins (rank 0 sends the committed state to the others: a
+    new worker would send its fresh model instead), and no round is cut only to rank the
+    same workers again."""
+    sim = Sim(config(np=3, min_np=2))
+    sim.running({"a": 2, "b": 1})
+    survivor = sim.worker_on("a", 1)
+    actions = _kill(sim, A0)
+    rank0 = lambda: min(sim.state.assignment, key=lambda s: sim.state.assignment[s].rank)  # noqa: E731
+    assert rank0() == A1
+    [refill] = [s.worker for s in of(ev.Spawn, actions)]
+    sim.join_all(last_round=1)
+    sim.sync_all()
+    sim.send(ev.JoinAsked(refill, 0))  # checked in: the round is told
+    sim.join_all(last_round=2, committed=True)
+    sim.advance(0.0)
+    assert sim.state.round_number == 3 and len(sim.state.assignment) == 3
+    assert rank0() == A1 and sim.worker_on("a", 1) is survivor
+    sim.join_all(last_round=2)
+    sim.sync_all()  # every member holds the state now: nothing to rank again
+    assert of(ev.PostNotice, sim.log)[-1].seq == 1 and sim.state.growth.target is None

@@ -97,14 +97,38 @@ def assign_keeping_state(hosts: HostSlotList, max_size: int | None,
     keeper's host gives its slots up to the keeper's, rounded up to a whole replica group
     (`hosts` and `max_size` already come in multiples of S).
     """
-    holder_hosts = list(dict.fromkeys(slot.host for slot in holders))
+    keepers = holders if keepers is None else keepers
+    holder_hosts = list(dict.fromkeys(slot.host for slot in [*keepers, *holders]))
     ordered = sorted(hosts, key=lambda entry: (holder_hosts.index(entry[0])
                                                if entry[0] in holder_hosts else len(holder_hosts)))
+    # Within a host too: a slot given a new worker (the one before it died) must not take a
+    # lower rank than a holder of the state on the same host; holders keep their order.
+    keeping = set(keepers)
+    first = {slot: (0 if slot in keeping else 1, position)
+             for position, slot in enumerate(holders)}
+    first.update({slot: (0, len(holders)) for slot in keeping if slot not in first})
+    ordered = [(host, _holders_first(host, slot_indices(slots), first, shard_size))
+               for host, slots in ordered]
     assignment = assign(ordered, max_size)
-    keepers = holders if keepers is None else keepers
     if not keepers or any(slot in assignment for slot in keepers):
         return assignment
     keeper = keepers[0]
     rest = [(host, slots) for host, slots in ordered if host != keeper.host]
     kept = -(-(keeper.index + 1) // shard_size) * shard_size
     return assign([(keeper.host, range(kept)), *rest], max_size)
+
+
+def _holders_first(host: str, indices: Sequence[int], first: dict[SlotId, tuple[int, int]],
+                   shard_size: int) -> list[int]:
+    """A host's slot indices, replica group by replica group (slots g*S .. g*S+S-1): the
+    groups holding the state first, in their holders' order (`first`: slot -> (0 for a
+    keeper, 1 for another holder; its place among the holders)), then the others in index
+    order. A group keeps its slots in order, so a rank's shard index (rank % S) stays its
+    local rank's."""
+    groups: dict[int, list[int]] = {}
+    for index in indices:
+        groups.setdefault(index // shard_size, []).append(index)
+    others = (2, 0)
+    ranked = sorted(groups.values(), key=lambda group: min(
+        first.get(SlotId(host, index), others) for index in group))
+    return [index for group in ranked for index in group]
