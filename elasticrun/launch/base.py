@@ -34,7 +34,8 @@ class WorkerProcess(Protocol):
     # host sees it (stopped, running, gone), asked when the worker may be hung. A launcher
     # without it leaves hung workers to --hang-timeout.
     # Optional: `host_lost: bool`, true once it ended because the way to its host went (an
-    # agent's connection): it did not fail on its own (its 255 is no exit code of its own).
+    # agent's connection, an SSH connection): it did not fail on its own (its 255 is no exit
+    # code of its own), and its host is failed, not only its slot.
 
 
 @dataclass(frozen=True)

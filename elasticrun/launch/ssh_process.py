@@ -3,7 +3,8 @@ and asking its host what its process is doing (a second channel runs a small pro
 
 Exit codes: the channel carries a plain exit status, so a remote command killed by signal
 N is reported as 128+N (e.g. 143 for SIGTERM), the shell convention. A connection lost
-before the remote exit status arrived is reported as 255, as OpenSSH's `ssh` does.
+before the remote exit status arrived is reported as 255, as OpenSSH's `ssh` does, and the
+worker as lost with its host (`host_lost`): the way to the host went, not only the worker.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class SSHProcess:
         self.stderr = asyncio.StreamReader(limit=OUTPUT_LIMIT)
         self._loop = asyncio.get_running_loop()
         self._exit: asyncio.Future[int] = self._loop.create_future()
+        self.host_lost = False  # it ended with its connection, before any exit status
         self._pumps = [
             _thread(f"ssh-stdout-{host}", self._pump, channel.recv, self.stdout),
             _thread(f"ssh-stderr-{host}", self._pump, channel.recv_stderr, self.stderr),
@@ -106,10 +108,11 @@ class SSHProcess:
         for pump in self._pumps:
             pump.join(OUTPUT_DRAIN_S)
         self.channel.close()
-        self._call(self._set_exit, status if status >= 0 else EXIT_CONNECTION_LOST)
+        self._call(self._set_exit, status if status >= 0 else EXIT_CONNECTION_LOST, status < 0)
 
-    def _set_exit(self, code: int) -> None:
+    def _set_exit(self, code: int, connection_lost: bool = False) -> None:
         if not self._exit.done():
+            self.host_lost = connection_lost
             self._exit.set_result(code)
 
     def _call(self, fn: Any, *args: Any) -> bool:
