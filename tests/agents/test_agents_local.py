@@ -112,11 +112,11 @@ def test_a_stopped_worker_under_an_agent_is_found_by_asking_its_agent(
     job.start_agent("a2", 1)
     result = job.finish()
     views = check_job(result.records, samples=64, epochs=3)
-    assert [v.size for v in views] == [2, 1]
+    assert [v.size for v in views][:2] == [2, 1]  # then its slot's new worker may join
     fault = next(r for r in result.records if r["event"] == "fault")
     assert f"rank 1 on host {fault['host']} hung: its process is stopped (SIGSTOP)" \
         in result.stderr, result.stderr
     resumed = min(r["time"] for r in result.records
-                  if r["event"] == "step" and r["round"] == views[-1].number)
+                  if r["event"] == "step" and r["round"] == views[1].number)
     assert resumed - fault["time"] < 15.0
     job.close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -139,8 +140,8 @@ def test_resume_alone_needs_the_jobs_command_line(tmp_path: Path) -> None:
 def test_a_round_that_breaks_while_the_driver_is_away_waits_for_it(job: LocalJob) -> None:
     """A worker dies while there is no driver: its peers' collectives fail and they wait
     (asking for the next round, within --driver-grace); the resumed driver learns of the
-    exit from the worker's agent, fails its host, and the survivors go on from their
-    commit."""
+    exit from the worker's agent, the survivors go on from their commit, and the dead
+    worker's slot gets a new worker that joins them."""
     first = job.driver()
     job.wait_steps(0, 3)
     first.kill()
@@ -157,11 +158,11 @@ def test_a_round_that_breaks_while_the_driver_is_away_waits_for_it(job: LocalJob
     job.stop.touch()
     out, err = second.communicate(timeout=120)
     assert second.returncode == 0, err[-3000:]
-    assert "host 127.0.0.1 failed" in err, err[-3000:]
+    assert re.search(r"slot 127\.0\.0\.1\[\d\] gets a new worker", err), err[-3000:]
     records = list(read_records(job.logs))
     views = check_job(records, samples=64, epochs=None)
-    assert [v.size for v in views] == [4, 2]
-    assert set(views[-1].hosts_by_rank.values()) == {"localhost"}
+    assert [v.size for v in views][:2] == [4, 3] and views[-1].size in (3, 4), views
+    assert set(views[1].hosts_by_rank.values()) == {"localhost", "127.0.0.1"}
     assert_no_orphans(job.tag, within=15)
 
 
@@ -194,12 +195,16 @@ def test_a_driver_killed_in_a_rendezvous_resumes_it_or_cuts_a_fresh_one(job: Loc
     out, err = second.communicate(timeout=120)
     assert second.returncode == 0, err[-3000:]
     views = check_job(list(read_records(job.logs)), samples=64, epochs=None)
-    assert "re-adopted 2 of 2 worker(s)" in err, err[-3000:]
-    assert [(v.number, v.size) for v in views] in ([(1, 4), (2, 2)], [(1, 4), (3, 2)]), views
-    if views[-1].number == 2:
+    # (a new worker that had not started when the driver died is not waited for)
+    assert re.search(r"re-adopted \d of \d worker\(s\)", err), err[-3000:]
+    # The survivors' round (its own, or a fresh one), then the killed worker's new one joins
+    survivors = views[1]
+    assert (views[0].number, views[0].size) == (1, 4) and survivors.number in (2, 3), views
+    assert survivors.size == 3 and {v.size for v in views[2:]} <= {3, 4}, views
+    if survivors.number == 2:
         assert "a fresh round is cut" not in err
         restores = Counter(r["pid"] for r in read_records(job.logs) if r["event"] == "restore")
-        assert all(restores[pid] <= 1 for pid in views[-1].ranks_by_pid), restores
+        assert all(restores[pid] <= 1 for pid in survivors.ranks_by_pid), restores
     else:
         assert "a fresh round is cut: the driver stopped while a round was forming" in err
     assert_no_orphans(job.tag, within=15)

@@ -44,11 +44,10 @@ def test_stopped_worker_is_released_by_the_collective_timeout(tmp_path: Path) ->
     assert_no_orphans(tag)
     records = list(read_records(tmp_path))
     views = check_job(records, samples=64, epochs=3)
-    assert [v.size for v in views] == [4, 2]
-    assert set(views[-1].hosts_by_rank.values()) == {"localhost"}
+    assert [v.size for v in views][:2] == [4, 3]  # then its slot's new worker joins
     assert "did not join round 2 within 8s" in err
     resumed = min(r["time"] for r in records
-                  if r["event"] == "step" and r["round"] == views[-1].number)
+                  if r["event"] == "step" and r["round"] == views[1].number)
     # Collective timeout (3 s) + the grace for an unexplained reset + the rejoin bound
     # (3 + 5 s), with room for a loaded machine; the start timeout would be 30 s.
     assert resumed - stopped_at < 20
@@ -67,8 +66,8 @@ def test_new_workers_survive_a_peer_lost_while_their_group_is_built(tmp_path: Pa
     assert_no_orphans(tag)
     assert "building round 1's group failed" in err
     views = check_job(list(read_records(tmp_path)), samples=32, epochs=2)
-    assert [v.size for v in views] == [2]
-    assert set(views[0].hosts_by_rank.values()) == {"127.0.0.1"}
+    # localhost's new workers crash the same way (at their first build): never a member
+    assert all(set(v.hosts_by_rank.values()) == {"127.0.0.1"} for v in views), views
 
 
 def test_rank_0_stays_with_the_committed_state_when_a_failed_host_returns(
@@ -91,14 +90,15 @@ def test_rank_0_stays_with_the_committed_state_when_a_failed_host_returns(
 
 def test_losing_every_worker_that_holds_the_state_with_nothing_kept_stops_the_job(
         tmp_path: Path) -> None:
-    """All of the round runs on localhost, which fails; 127.0.0.1 is free (over --max-np).
-    With no host snapshots and no --checkpoint-dir, a new round there would start training
-    from scratch: the job stops instead, saying so (test_total_loss.py: with them, it goes on)."""
+    """All of the round runs on localhost, whose workers are killed at once; 127.0.0.1 is
+    free (over --max-np). With no host snapshots and no --checkpoint-dir, a new round would
+    start training from scratch: the job stops instead, saying so (test_total_loss.py: with
+    them, it goes on)."""
     script = tmp_path / "hosts.sh"
     script.write_text("#!/bin/sh\necho localhost:2\necho 127.0.0.1:2\n")
     script.chmod(0o755)
     env = {"TRAIN_SAMPLES": "64", "TRAIN_EPOCHS": "3", "TRAIN_BATCH": "4",
-           "LOG_DIR": str(tmp_path), "FAULTS": "4:1:sigkill"}
+           "LOG_DIR": str(tmp_path), "FAULTS": "4:all:sigkill"}
     proc, tag = start_job(["-np", "2", "--max-np", "2", "--host-discovery-script", str(script),
                            "--no-host-snapshots", PYTHON, str(SCRIPTS / "elastic_train.py")], env)
     _, err = proc.communicate(timeout=120)

@@ -22,11 +22,11 @@ def _digests(directory: Path) -> dict[str, str]:
     # 2 workers and a spare host; Adasum on the update, gradients accumulated over 2 passes
     ("localhost:1,127.0.0.1:1,127.0.0.2:1", ["-np", "2", "--min-np", "2", "--max-np", "2"],
      ["--use-adasum", "--batches-per-allreduce", "2", "--kill", "1:0:3"], 2),
-    # 4 workers on 2 hosts, one host lost; fp16 compression, predivided averaging,
-    # SyncBatchNorm (so the BatchNorm buffers agree too)
+    # 4 workers on 2 hosts, one lost and its slot given a new worker; fp16 compression,
+    # predivided averaging, SyncBatchNorm (so the BatchNorm buffers agree too)
     ("localhost:2,127.0.0.1:2", ["--min-np", "2"],
      ["--fp16-allreduce", "--gradient-predivide-factor", "2", "--sync-bn", "--kill", "3:0:3"],
-     2),
+     4),
 ], ids=["2-workers-adasum-passes", "4-workers-fp16-predivide-syncbn"])
 def test_a_horovod_script_survives_a_kill_and_ends_bitwise_equal(
         tmp_path: Path, hosts: str, np_args: list[str], options: list[str],

@@ -95,10 +95,11 @@ def test_hsdp_2x2_equals_one_process(tmp_path: Path) -> None:
 
 
 def test_killed_rank_costs_its_group_which_comes_back(tmp_path: Path) -> None:
-    """Rank 3 (group 1) SIGKILLed: group 0 goes on in-process as one group of 2 (same
-    processes, rolled back to the last commit); group 1's host returns after its cooldown
-    and its new workers receive their shards from group 0."""
-    log_dir, records = _job(tmp_path, ["--min-np", "2", "--blacklist-cooldown-range", "1", "2"],
+    """Rank 3 (group 1) SIGKILLed: its group's other worker is stopped, group 0 goes on
+    in-process as one group of 2 (same processes, rolled back to the last commit); group 1
+    gets two new workers on its host, which join at a commit and receive their shards from
+    group 0."""
+    log_dir, records = _job(tmp_path, ["--min-np", "2"],
                             {"HSDP_STEPS": "14", "HSDP_FAULTS": "5:3:sigkill",
                              "HSDP_AWAIT_SIZE": "4", "HSDP_STEP_SLEEP": "0.05"})
     sizes = _assert_matches_replay(log_dir, records)
@@ -110,7 +111,7 @@ def test_killed_rank_costs_its_group_which_comes_back(tmp_path: Path) -> None:
     alone = [r for r in rounds if r["size"] == 2]
     assert alone and {r["pid"] for r in alone} == group0  # in-process: the same two workers
     assert any(r["event"] == "restore" and r["pid"] in group0 for r in records)
-    assert len(starts) == 6  # four, then two for the returning group
+    assert len(starts) == 6  # four, then two for the refilled group
     back = [r for r in rounds if r["size"] == 4 and r["step"] > 0]
     assert {r["replica_rank"] for r in back} == {0, 1}
     assert {r["pid"] for r in back if r["replica_rank"] == 1}.isdisjoint(group0)
@@ -123,9 +124,9 @@ def test_losing_rank_0s_group_leaves_the_other_as_ranks_0_and_1(tmp_path: Path) 
     log_dir, records = _job(tmp_path, ["--min-np", "2"],
                             {"HSDP_STEPS": "8", "HSDP_FAULTS": "4:1:sigkill"})
     sizes = _assert_matches_replay(log_dir, records)
-    assert sizes[1] == 4 and sizes[max(sizes)] == 2
+    assert sizes[1] == 4 and 2 in sizes.values()  # (then group 0's new workers may join)
     rounds = [r for r in records if r["event"] == "round"]
-    first = {r["pid"]: r for r in rounds if r["size"] == 4}
+    first = {r["pid"]: r for r in rounds if r["size"] == 4 and r["step"] == 0}
     alone = [r for r in rounds if r["size"] == 2]
     assert sorted(r["rank"] for r in alone) == [0, 1]
     for record in alone:  # the same processes, the same shard index, other ranks
@@ -138,14 +139,14 @@ def test_two_rollbacks_to_one_commit_are_exact_and_a_hung_rank_costs_its_group(
     """Rank 1 fails step 4 twice: every rank rolls back to commit 3 two times (restoring
     must copy; an optimizer left holding the commit's tensors would change it). Then rank 2
     stops (SIGSTOP) at step 6: it is found hung and handled as a death of its group, and
-    group 0 finishes alone."""
+    group 0 goes on alone until group 1's new workers join it."""
     log_dir, records = _job(tmp_path, ["--min-np", "2"],
                             {"HSDP_STEPS": "9", "HSDP_FAULTS": "4:1:twice,6:2:sigstop"})
     sizes = _assert_matches_replay(log_dir, records)
     restores = [r for r in records if r["event"] == "restore"]
     assert len([r for r in restores if r["step"] == 3]) >= 8  # two rollbacks on four ranks
-    assert sizes[5] == 4 and sizes[max(sizes)] == 2
-    assert {r["size"] for r in records if r["event"] == "final"} == {2}
+    assert sizes[5] == 4 and 2 in sizes.values()
+    assert {r["size"] for r in records if r["event"] == "final"} <= {2, 4}
     _assert_replicas_agree(records)
 
 
@@ -163,9 +164,9 @@ def test_slots_that_cannot_fill_a_group_wait(tmp_path: Path) -> None:
 
 
 def test_every_worker_killed_restores_the_shards_from_host_snapshots(tmp_path: Path) -> None:
-    """Every worker lost at once (one host, two replica groups; the first SIGKILL takes the
-    host, and its other workers are stopped): the driver restarts the job, and each shard
-    index is read back from the host's snapshot (a file per shard index) and sent on."""
+    """Every worker lost at once (one host, two replica groups, every worker SIGKILLed at
+    step 5): the driver restarts the job, and each shard index is read back from the host's
+    snapshot (a file per shard index) and sent on."""
     log_dir = tmp_path / "logs"
     result = run_job(["-np", "4", "-H", "127.0.0.1:4", "--shard-size", "2", PYTHON, TRAIN],
                      {"HSDP_STEPS": "9", "HSDP_FAULTS": "5:*:sigkill"}, timeout=150,
@@ -174,10 +175,10 @@ def test_every_worker_killed_restores_the_shards_from_host_snapshots(tmp_path: P
     assert "restored from the snapshot of commit" in result.stderr
     records = result.records
     _assert_matches_replay(log_dir, records)
-    # A second set of four at least (a rank stopped with the host before its own kill
-    # kills itself in the next round: another total loss, another restart).
+    # A second set of four at least (a rank whose round broke before its own kill kills
+    # itself in a later round).
     starts = len([r for r in records if r["event"] == "start"])
-    assert starts >= 8 and starts % 4 == 0
+    assert starts >= 8
     resumed = [r for r in records if r["event"] == "round" and r["step"] > 0]
     assert resumed and {r["step"] for r in resumed} <= {3, 4}  # the last commit or the one before
     _assert_replicas_agree(records)

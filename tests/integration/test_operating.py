@@ -304,15 +304,20 @@ def event_key(tmp_path: Path) -> Iterator[Path]:
 
 def failing_job(tmp_path: Path, extra: list[str], sleep: float = 0.0,
                 stop_file: Path | None = None) -> Job:
+    """Rank 1 (localhost[1]) is killed at step 5, and every new worker in its slot fails at
+    its start (a dead GPU): the other three go on at once (--min-np 2), and after two such
+    failures more the slot is blacklisted (for longer than the job)."""
     env = train_env(tmp_path / "logs", tmp_path / "progress", faults="5:1:sigkill", sleep=sleep,
-                    **({"epochs": 1000, "stop_file": stop_file} if stop_file else {}))
+                    slow_below=4, **({"epochs": 1000, "stop_file": stop_file} if stop_file
+                                     else {"epochs": 6}))
     return Job(["-H", "localhost:2,127.0.0.1:2", "--min-np", "2", "--start-timeout", "60",
                 "--event-log", str(tmp_path / "events.jsonl"), *extra, *TRAIN],
-               env, tmp_path / "logs", tmp_path / "progress")
+               {**env, "TRAIN_FAIL_AT_START": "localhost[1]:1000"}, tmp_path / "logs",
+               tmp_path / "progress")
 
 
-EXPECTED_EVENTS = ["job_started", "round_started", "worker_failed", "host_blacklisted",
-                   "round_started", "job_finished"]
+EXPECTED_EVENTS = ["job_started", "round_started", "worker_failed", "round_started",
+                   "worker_failed", "worker_failed", "slot_blacklisted", "job_finished"]
 
 
 def test_signed_events_for_a_job_with_one_failure(tmp_path: Path, event_key: Path) -> None:
@@ -329,13 +334,16 @@ def test_signed_events_for_a_job_with_one_failure(tmp_path: Path, event_key: Pat
     assert [e["type"] for e in events] == EXPECTED_EVENTS
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
     assert len({e["job_id"] for e in events}) == 1
-    started, round1, failed, blacklisted, round2, finished = events
-    assert round1["data"]["world_size"] == 4 and round2["data"]["world_size"] == 2
-    assert round2["data"]["hosts"] == {"127.0.0.1": 2}
-    assert [m["rank"] for m in round2["data"]["members"]] == [0, 1]
+    started, round1, failed, round2, *refills, blacklisted, finished = events
+    assert round1["data"]["world_size"] == 4 and round2["data"]["world_size"] == 3
+    assert round2["data"]["hosts"] == {"localhost": 1, "127.0.0.1": 2}
+    assert [m["rank"] for m in round2["data"]["members"]] == [0, 1, 2]
     assert failed["data"]["host"] == "localhost" and failed["data"]["rank"] == 1
     assert "SIGKILL" in failed["data"]["cause"] and failed["data"]["kind"] == "signal"
-    assert blacklisted["data"]["host"] == "localhost"
+    assert [(r["data"]["host"], r["data"]["kind"]) for r in refills] == [
+        ("localhost", "exit_code")] * 2
+    assert (blacklisted["data"]["host"], blacklisted["data"]["slot"]) == ("localhost", 1)
+    assert blacklisted["data"]["failures"] == 1 and blacklisted["data"]["cooldown_s"] >= 20
     assert finished["data"]["resets"] == 1
     # The event log has the same events, in the same order.
     logged = read_events(tmp_path / "events.jsonl")
@@ -352,10 +360,11 @@ def test_a_receiver_that_hangs_or_is_down_does_not_hold_up_the_job(
             "--event-webhook", f"http://127.0.0.1:{down}/hook",
             "--event-secret-file", str(event_key)])
         result = job.finish()
-        # It got the first event (and its retries after each 5 s timeout), nothing after it.
-        assert {headers["X-Elasticrun-Event"] for headers, _ in hanging.received} == \
-            {"job_started"}
-    check_job(result.records, samples=64, epochs=3)
+        # It got the first events (each tried again after its 5 s timeout), in order, and
+        # the job did not wait for it.
+        got = [headers["X-Elasticrun-Event"] for headers, _ in hanging.received]
+        assert got and list(dict.fromkeys(got)) == EXPECTED_EVENTS[:len(set(got))]
+    check_job(result.records, samples=64, epochs=6)
     logged = read_events(tmp_path / "events.jsonl")
     assert [e["type"] for e in logged] == EXPECTED_EVENTS
     # The driver exits within the bounded flush (2 s) after the job finished.
@@ -384,27 +393,30 @@ def test_metrics_and_status_match_what_happened(tmp_path: Path) -> None:
     stop = tmp_path / "stop"
     job = failing_job(tmp_path, [], sleep=0.15, stop_file=stop)
     # complete: every member has joined, so the round's rendezvous time is recorded
-    job.wait_until("the second round, complete", lambda: _second_round_complete(job.status()),
-                   timeout=90)
+    job.wait_until("the second round, complete, and the slot blacklisted",
+                   lambda: _second_round_complete(status := job.status())
+                   and bool(status["blacklisted_slots"]), timeout=90)
     with urllib.request.urlopen(job.url + "/metrics", timeout=10) as response:
         assert response.headers["Content-Type"].startswith("text/plain")
         samples = metric_samples(response.read().decode())
     assert samples[("elasticrun_rounds_total", ())] == 2
     assert samples[("elasticrun_resets_total", ())] == 1
     assert samples[("elasticrun_worker_failures_total", (("cause", "signal"),))] == 1
-    assert samples[("elasticrun_hosts_blacklisted_total", ())] == 1
-    assert samples[("elasticrun_world_size", ())] == 2
-    assert samples[("elasticrun_hosts", (("state", "active"),))] == 1
-    assert samples[("elasticrun_hosts", (("state", "blacklisted"),))] == 1
+    assert samples[("elasticrun_worker_failures_total", (("cause", "exit_code"),))] == 2
+    assert samples[("elasticrun_slots_blacklisted_total", ())] == 1
+    assert samples[("elasticrun_hosts_blacklisted_total", ())] == 0
+    assert samples[("elasticrun_world_size", ())] == 3
+    assert samples[("elasticrun_hosts", (("state", "active"),))] == 2
+    assert samples[("elasticrun_hosts", (("state", "blacklisted"),))] == 0
     assert samples[("elasticrun_rendezvous_seconds_count", ())] == 2
     assert samples[("elasticrun_recovery_seconds_count", ())] == 1
     assert 0 < samples[("elasticrun_recovery_seconds_sum", ())] < 30
     assert samples[("elasticrun_discovery_seconds_count", ())] >= 1
 
     status = job.status()
-    assert status["world_size"] == 2 and status["resets"] == 1
-    assert [b["host"] for b in status["blacklist"]] == ["localhost"]
-    assert status["blacklist"][0]["cooldown_left_s"] is None  # no cooldown range: permanent
+    assert status["world_size"] == 3 and status["resets"] == 1 and status["blacklist"] == []
+    assert [(b["host"], b["slot"]) for b in status["blacklisted_slots"]] == [("localhost", 1)]
+    assert status["blacklisted_slots"][0]["cooldown_left_s"] > 0  # the default cooldown
     # the URL as the argument (the form the job's start line gives) and as --url
     shown, by_option = (
         subprocess.run([PYTHON, "-m", "elasticrun", "status", *url], capture_output=True,
@@ -413,11 +425,15 @@ def test_metrics_and_status_match_what_happened(tmp_path: Path) -> None:
     assert shown.returncode == 0, shown.stderr
     assert by_option.returncode == 0, by_option.stderr
     lines = shown.stdout.splitlines()
-    assert by_option.stdout.splitlines()[1:] == lines[1:]  # the first line has the uptime
-    assert lines[0].startswith(f"job {status['job_id']}: running, round 2, world size 2")
+    # (the first line has the uptime, and the cooldown left ticks too)
+    assert [line.partition(", for another")[0] for line in by_option.stdout.splitlines()[1:]] \
+        == [line.partition(", for another")[0] for line in lines[1:]]
+    assert lines[0].startswith(f"job {status['job_id']}: running, round 2, world size 3")
     rows = {line.split()[0]: line.split()[1:] for line in lines if line[:1] not in (" ", "j")}
-    assert rows["127.0.0.1"] == ["2", "active", "0,1"]
-    assert rows["localhost"][:2] == ["2", "blacklisted"]
+    assert rows["127.0.0.1"] == ["2", "active", "1,2"]
+    assert rows["localhost"] == ["2", "active", "0"]
+    assert "blacklisted slots:" in lines and any(
+        line.startswith("  localhost[1]  1 time(s), for another ") for line in lines)
     stop.touch()
     result = job.finish()
     # the job's start line gives the command that shows its status

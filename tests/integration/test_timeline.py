@@ -58,7 +58,7 @@ def named(events: list[Event], pid: int, name: str) -> list[Event]:
 def test_flag_trace_shows_every_lane_and_a_recovery_in_order(tmp_path: Path) -> None:
     """Two workers on two hosts with --timeline-filename; the one on 127.0.0.1 is SIGKILLed
     at step 13 (after its events of several steps went out: they leave every 0.5 s), the
-    other goes on alone."""
+    other goes on alone (--min-np 1) until the killed one's new worker joins it."""
     trace = tmp_path / "timeline.json"
     result = run_job(["-H", "localhost:1,127.0.0.1:1", "--min-np", "1",
                       "--timeline-filename", str(trace), "--timeline-mark-cycles",
@@ -70,7 +70,7 @@ def test_flag_trace_shows_every_lane_and_a_recovery_in_order(tmp_path: Path) -> 
     events = load(trace)
     assert_nested(events)
     names = lanes(events)
-    assert names[1].startswith("driver · ") and len(names) == 3
+    assert names[1].startswith("driver · ") and len(names) in (3, 4)  # 4: the new worker
     survivor = next(pid for pid, name in names.items()
                     if name.startswith("rank 0 · localhost · worker w"))
     killed = next(pid for pid, name in names.items()
@@ -97,7 +97,7 @@ def test_flag_trace_shows_every_lane_and_a_recovery_in_order(tmp_path: Path) -> 
     # The survivor: the failed collective, restore, reset (rejoining round 2), sync.
     lost = named(events, survivor, "WorkersFailedError")
     restore = named(events, survivor, "restore")
-    reset = named(events, survivor, "reset")
+    reset = named(events, survivor, "reset")[:1]  # (a second: the new worker joining)
     rejoin = [e for e in named(events, survivor, "rendezvous") if e["args"]["round"] == 2]
     assert len(lost) == len(restore) == len(reset) == len(rejoin) == 1
     assert lost[0]["ts"] <= restore[0]["ts"] <= reset[0]["ts"] <= rejoin[0]["ts"]

@@ -94,22 +94,23 @@ def test_every_worker_killed_at_once_goes_on_from_the_host_snapshot(tmp_path: Pa
     assert proc.returncode == 0, stderr[-3000:]
     records = list(read_records(tmp_path))
     views = check_job(records, samples=64, epochs=3)
-    assert [v.number for v in views] == [1, 2]
-    (start,) = _round_starts(records, 2)  # both ranks from the same state
+    # (a round may open, and break, between the two workers' exits: no worker trains in it)
+    assert len(views) == 2
+    (start,) = _round_starts(records, views[1].number)  # both ranks from the same state
     assert start in _committed(records)  # model and optimizer bitwise a committed state
     last = max(r["step"] for r in records if r["event"] == "step" and r["round"] == 1)
     # The last commit or the one before (a step is logged just before its commit: the last
     # logged one may not have been committed when the kill came).
     assert last - 2 <= start[0] <= last
     assert "every worker holding the committed training state was lost" in stderr
-    assert "round 2: restored from the snapshot of commit" in stderr
+    assert re.search(r"round \d+: restored from the snapshot of commit", stderr)
     assert "(host localhost)" in stderr
     assert not _job_snapshot_dir(stderr).exists()  # the job's snapshots went with it
 
 
 def test_every_rank_raising_once_at_the_same_step_goes_on(tmp_path: Path) -> None:
-    """Each rank raises once at step 6 (a rank stopped with its host before it got there
-    raises in the next round instead): every round after the first restores a commit."""
+    """Each rank raises once at step 6 (a rank whose round broke before it got there raises
+    in a later round instead): every round after the first starts from a commit."""
     result = run_job(["-np", "2", PYTHON, TRAIN], {**SMALL, "FAULTS": "6:all:exception"},
                      log_dir=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -128,7 +129,7 @@ def test_every_rank_raising_every_time_ends_the_job_naming_the_error(tmp_path: P
     assert "no restart is left (--max-restarts 2)" in result.stderr
     assert "ValueError: injected fault at step 6" in result.stderr
     rounds = {r["round"] for r in result.records if r["event"] == "round"}
-    assert rounds == {1, 2, 3}  # the first round and two restarts, each from the snapshot
+    assert len(rounds) == 3 and min(rounds) == 1  # the first and two restarts, from snapshots
 
 
 def test_only_a_checkpoint_dir_is_enough(tmp_path: Path) -> None:
@@ -139,8 +140,8 @@ def test_only_a_checkpoint_dir_is_enough(tmp_path: Path) -> None:
                      {**SMALL, "FAULTS": "7:all:sigkill", "TRAIN_STEP_SLEEP": "0.05"},
                      log_dir=logs)
     assert result.returncode == 0, result.stderr[-3000:]
-    check_job(result.records, samples=64, epochs=3)
-    (start,) = _round_starts(result.records, 2)
+    views = check_job(result.records, samples=64, epochs=3)
+    (start,) = _round_starts(result.records, views[1].number)
     assert start in _committed(result.records)
     assert "restored from the snapshot of commit" in result.stderr
     assert f"(checkpoint dir {checkpoints}" in result.stderr

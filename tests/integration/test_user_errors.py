@@ -44,15 +44,15 @@ def test_a_user_runtime_error_ends_its_worker_and_the_others_go_on(tmp_path: Pat
     failed = [e["data"] for e in events if e["type"] == "worker_failed"]
     assert [(f["host"], f["rank"], f["kind"]) for f in failed] == [("127.0.0.2", 3, "exception")]
     assert failed[0]["cause"] == f"rank 3 on host 127.0.0.2 failed: RuntimeError: {MESSAGE}"
-    assert [e["data"]["host"] for e in events if e["type"] == "host_blacklisted"] == \
-        ["127.0.0.2"]
+    assert not [e for e in events if e["type"].endswith("_blacklisted")]  # one error: no
 
-    # The other host went on from its last commit and finished, after one reset.
+    # The other three (its host's other worker too) went on from their last commit, and
+    # its slot's new worker joined them at a commit.
     started = [e["data"]["world_size"] for e in events if e["type"] == "round_started"]
-    assert started == [4, 2], started
+    assert started[:2] == [4, 3], started
     views = check_job(result.records, samples=64, epochs=3)
-    assert views[-1].size == 2 and set(views[-1].hosts_by_rank.values()) == {"localhost"}
-    assert views[-1].resume_step == 9  # the last commit before step 10
+    assert sorted(views[1].hosts_by_rank.values()) == ["127.0.0.2", "localhost", "localhost"]
+    assert views[1].resume_step == 9  # the last commit before step 10
     # The worker whose code raised never took its error for a peer's: it did not roll back.
     assert not [r for r in result.events("restore") if r["pid"] == faults[0]["pid"]]
 

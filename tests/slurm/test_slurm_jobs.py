@@ -74,6 +74,9 @@ def test_sbatch_job_recovers_in_process_and_drains_a_node(slurm: SlurmCluster,
     script = tmp_path / "job.sh"
     script.write_text(
         f"#!/bin/sh\nexec {PYTHON} -m elasticrun --launcher slurm --min-np 1 "
+        # Slurm cannot say what a step's process does: a new step, still busy starting
+        # on a loaded machine, is not to be taken for a hung one
+        f"--hang-timeout 30 "
         f"--network-interface eth0 --discovery-interval 0.3 --start-timeout 60 "
         f"{PYTHON} {SCRIPTS / 'elastic_train.py'}\n")
     script.chmod(0o755)
@@ -83,11 +86,13 @@ def test_sbatch_job_recovers_in_process_and_drains_a_node(slurm: SlurmCluster,
     try:
         wait_for("3 workers", lambda: progress(progress_file) >= (3, 3), slurm, job, output)
         n1_worker = worker_on(tag, "n1")
-        os.kill(worker_on(tag, "n3"), signal.SIGKILL)
+        os.kill(worker_on(tag, "n3"), signal.SIGKILL)  # its slot gets a new step on n3
         wait_for("2 workers", lambda: progress(progress_file)[1] == 2, slurm, job, output)
+        wait_for("3 workers again", lambda: progress(progress_file)[1] == 3, slurm, job,
+                 output)
         drained_at = time.time()
         slurm.drain("n2")
-        wait_for("1 worker", lambda: progress(progress_file)[1] == 1, slurm, job, output)
+        wait_for("2 workers", lambda: progress(progress_file)[1] == 2, slurm, job, output)
         deadline = time.monotonic() + JOB_TIMEOUT_S
         while job in " ".join(slurm.queue()) and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -100,15 +105,15 @@ def test_sbatch_job_recovers_in_process_and_drains_a_node(slurm: SlurmCluster,
         slurm.resume("n2")
     records = list(read_records(logs))
     views = check_job(records, samples=48, epochs=14)
-    assert [v.size for v in views] == [3, 2, 1], text[-3000:]
+    assert [v.size for v in views] == [3, 2, 3, 2], text[-3000:]
     assert [set(v.hosts_by_rank.values()) for v in views] == [
-        {"n1", "n2", "n3"}, {"n1", "n2"}, {"n1"}]
-    # n1's worker went through all three rounds in its own process.
+        {"n1", "n2", "n3"}, {"n1", "n2"}, {"n1", "n2", "n3"}, {"n1", "n3"}]
+    # n1's worker went through every round in its own process.
     assert all(n1_worker in v.ranks_by_pid for v in views)
     restores = [r for r in records if r["event"] == "restore"]
     assert restores and all(r["time"] < drained_at for r in restores), \
         "the drain rolled back: only the SIGKILL may"
-    assert "host n3 failed" in text and "n2" in text
+    assert "slot n3[0] gets a new worker" in text and "hosts now: n1:1,n3:1" in text
     deadline = time.monotonic() + 15
     while (slurm.strays() or tagged_pids(tag)) and time.monotonic() < deadline:
         time.sleep(0.2)

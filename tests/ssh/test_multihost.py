@@ -188,9 +188,14 @@ def test_host_dies(cluster: Cluster, tmp_path: Path, how: str) -> None:
         assert_no_orphans(tag, within=10.0)
     assert_ok(result)
     views = check_job(result.records, samples=64, epochs=3)
-    assert [v.size for v in views] == [4, 2]
-    assert set(views[1].hosts_by_rank.values()) == {H1}
-    assert f"host {H2} failed" in result.stderr, result.stderr
+    if how == "host-tree":  # its SSH connections went: the host is failed, and left out
+        assert [v.size for v in views] == [4, 2]
+        assert set(views[1].hosts_by_rank.values()) == {H1}
+        assert f"host {H2} failed" in result.stderr, result.stderr
+    else:  # its workers died: their slots get new workers (on H2 over SSH), that join
+        assert views[0].size == 4 and views[1].size in (2, 3), views
+        assert re.search(rf"slot {re.escape(H2)}\[\d\] gets a new worker", result.stderr)
+        assert f"host {H2} failed" not in result.stderr, result.stderr
 
 
 def test_link_cut(cluster: Cluster, tmp_path: Path) -> None:
@@ -234,12 +239,12 @@ def test_a_stopped_worker_on_an_ssh_host_is_found(cluster: Cluster, tmp_path: Pa
                      tmp_path / "logs")
     assert_ok(result)
     views = check_job(result.records, samples=64, epochs=3)
-    assert [v.size for v in views] == [2, 1]
+    assert [v.size for v in views][:2] == [2, 1]  # then its slot's new worker may join
     assert f"rank 1 on host {H2} hung: its process is stopped (SIGSTOP)" in result.stderr, \
         result.stderr
     fault = next(r["time"] for r in result.records if r["event"] == "fault")
     resumed = min(r["time"] for r in result.records
-                  if r["event"] == "step" and r["round"] == views[-1].number)
+                  if r["event"] == "step" and r["round"] == views[1].number)
     assert resumed - fault < 15.0
 
 
@@ -324,10 +329,10 @@ def test_unusable_hosts_are_skipped(cluster: Cluster, tmp_path: Path) -> None:
     assert views[-1].size == 2
     assert set(views[-1].hosts_by_rank.values()) == {H1, H2}
     for host, reason in unusable.items():
-        # One line says what is wrong with the host (the first round's listing of its hosts
-        # aside), no traceback, no repeats.
-        about = [line for line in result.stderr.splitlines()
-                 if host in line and not re.match(r"elasticrun: round \d+: ", line)]
-        assert len(about) == 1, (host, result.stderr)
-        assert reason.lower() in about[0].lower(), about[0]
+        # One line says what is wrong with the host, no traceback; it is tried again after
+        # each cooldown (the lines in between say so), and each failure says it again.
+        failed = [line for line in result.stderr.splitlines()
+                  if f"host {host} failed" in line]
+        assert failed and all(reason.lower() in line.lower() for line in failed), \
+            (host, result.stderr)
     assert "Traceback" not in result.stderr

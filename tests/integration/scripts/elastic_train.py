@@ -20,6 +20,9 @@ group is being built (its connections up, before the build's own collective, the
 vote): "stop" stops itself (SIGSTOP: its peers wait on it in the vote); "kill" dies
 (SIGKILL); "lost" first waits on a collective that never completes, as when Gloo lost the
 error of a send to a peer that died (only the round's abort releases it).
+TRAIN_FAIL_AT_START=PLACE:N[,...]: a worker started after the job's first round on PLACE (a
+host, or a slot "host[i]") exits with code 3 before er.init(), at most N times a job for
+that place: a host (or a GPU) that keeps failing.
 TRAIN_STOP_FILE: when it exists at the end of an epoch, training stops there.
 TRAIN_AWAIT_SIZE=N: before its last epoch the job waits for its world to reach N (a
 scale-up the test started), checking for host updates every 0.2 s, at most 2 minutes.
@@ -192,9 +195,30 @@ def faults_in_build(spec: str) -> None:
     session.agree_on_nccl = faulty_vote  # type: ignore[assignment]
 
 
+def fail_at_start(spec: str) -> None:
+    """TRAIN_FAIL_AT_START: this worker, a later one on a failing place, exits at once."""
+    if os.environ.get("ELASTICRUN_ROUND", "1") == "1":
+        return  # the job's first round starts well
+    host = os.environ.get("ELASTICRUN_HOSTNAME", "")
+    mine = {host, f"{host}[{os.environ.get('ELASTICRUN_LOCAL_RANK')}]"}
+    for item in spec.split(","):
+        place, _, times = item.rpartition(":")
+        if place not in mine:
+            continue
+        for n in range(int(times)):
+            try:
+                os.close(os.open(os.path.join(LOG_DIR, f"fail-at-start-{place}-{n}"),
+                                 os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                continue
+            os._exit(3)
+
+
 def main() -> None:
     if os.environ.get("TRAIN_IN_BUILD"):
         faults_in_build(os.environ["TRAIN_IN_BUILD"])
+    if os.environ.get("TRAIN_FAIL_AT_START"):
+        fail_at_start(os.environ["TRAIN_FAIL_AT_START"])
     log("start", at=STARTED)
     er.init()
     from elasticrun.torch.world import runtime

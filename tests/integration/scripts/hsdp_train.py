@@ -137,7 +137,12 @@ def main() -> None:
             F.mse_loss(model(x[rows]), y[rows]).backward()
             optimizer.step()
             state.step += 1
-            state.commit()
+            try:
+                state.commit()
+            except er.elastic.HostsUpdatedInterrupt:
+                # the commit is made; the interrupt follows it (a new worker joins now)
+                log("step", step=state.step, size=er.size(), rank=er.rank())
+                raise
             log("step", step=state.step, size=er.size(), rank=er.rank())
             if STEP_SLEEP:
                 time.sleep(STEP_SLEEP)
