@@ -106,8 +106,9 @@ def cases(quick: bool) -> list[Case]:
 # --- one trial ----------------------------------------------------------------------------
 def command(launcher: str, case: Case, out: Path, event_log: Path) -> list[str]:
     extra = ["--event-log", str(event_log)] if launcher == "elasticrun" else []
+    hold = [] if case.hf else ["--hold-after", str(case.save_every + STEPS_AFTER_CHECKPOINT)]
     return [PYTHON, "-m", MODULES[launcher], *LAUNCH, *extra, str(case.script), *case.args,
-            "--save-every", str(case.save_every), "--out", str(out)]
+            "--save-every", str(case.save_every), "--out", str(out), *hold]
 
 
 def environment() -> dict[str, str]:

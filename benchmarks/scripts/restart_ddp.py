@@ -10,6 +10,10 @@ rank 0 when each phase is done: start (every rank, its very first line, before
 `import torch`, with its pid and rank), imports, init (init_process_group), model (model,
 optimizer and DDP built), checkpoint (loaded, with the step it resumed from); and
 `step <n> <time.time()> restart=<K>` after each step.
+
+With --hold-after N, rank 1 of the first attempt waits (at most HOLD_S) after its step N,
+so that its peers wait for it in step N + 1: the benchmark's kill lands at step N however
+late it reads the output (a loaded machine reads it steps behind).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import os  # noqa: E402
 import sys  # noqa: E402
 
 RESTART = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+HOLD_S = 120.0
 RANK = int(os.environ.get("RANK", "0"))
 
 
@@ -57,6 +62,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--save-every", type=int, default=10)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--hold-after", type=int, default=0, metavar="N")
     return parser.parse_args()
 
 
@@ -114,6 +120,8 @@ def main() -> None:
                              "step": step}, checkpoint)
         if rank == 0:
             say(f"step {step} {time.time():.6f} restart={RESTART}")
+        if rank == 1 and step == args.hold_after and RESTART == "0":
+            time.sleep(HOLD_S)  # the benchmark kills it meanwhile
     phase("done", steps=step)
     dist.destroy_process_group()
 
