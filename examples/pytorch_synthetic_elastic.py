@@ -38,7 +38,8 @@ def main() -> None:
         torch.optim.SGD(model.parameters(), lr=args.base_lr * er.size(), momentum=0.9),
         named_parameters=model.named_parameters())
     sampler = er.elastic.ElasticSampler(dataset, shuffle=True, seed=0)
-    state = er.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, batch=0)
+    state = er.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, batch=0,
+                                  loss=0.0)
 
     def rescale_learning_rate() -> None:
         for group in optimizer.param_groups:
@@ -57,9 +58,10 @@ def main() -> None:
                 optimizer.step()
                 state.sampler.record_batch(batch_idx, args.batch_size)
                 state.batch += 1
+                state.loss = loss.item()  # committed: an epoch resumed at its end has it
                 state.commit()
             if er.rank() == 0:
-                print(f"epoch {state.epoch}  loss {loss.item():.4f}  world size {er.size()}  "
+                print(f"epoch {state.epoch}  loss {state.loss:.4f}  world size {er.size()}  "
                       f"steps {state.batch}", flush=True)
             state.epoch += 1
             state.sampler.set_epoch(state.epoch)
