@@ -40,6 +40,11 @@ class TorchrunSettings:
     local_ranks_filter: frozenset[int] | None = None  # None: every local rank on the console
     virtual_local_rank: bool = False  # LOCAL_RANK=0, CUDA_VISIBLE_DEVICES=<local rank>
     nodes_of: int | None = None  # torchrun's multi-node form: --nproc-per-node (messages)
+    # torchrun's form: the prefix of a teed line, a string.Template of role_name, rank and
+    # local_rank (TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, else torchrun's "[role<local
+    # rank>]:"); lines not teed reach the console as written. None: elasticrun's own form,
+    # every line "[rank]<stream>:".
+    line_prefix: str | None = None
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """torchrun's form: `elasticrun --nproc-per-node 2 train.py` does what `torchrun
 --nproc-per-node 2 train.py` does. Every flag of torch 2.13's torchrun, in each of its
-spellings (dashes and underscores, `=` or a space), its default from PET_<NAME> as
-torchrun's own (Kubeflow's PyTorchJob sets them), then SCRIPT [ARGS] without `python`.
+spellings (dashes and underscores, `=` or a space, any unambiguous prefix: abbrev.py), its
+default from PET_<NAME> as torchrun's own (Kubeflow's PyTorchJob sets them), then SCRIPT
+[ARGS] without `python`.
 What elasticrun does with each: docs/migrating/torchrun.md. The values: torchrun_args.py;
 what runs on this node: torchrun_plan.py and torchrun_launch.py.
 """
@@ -17,6 +18,7 @@ from typing import Any, TypeVar
 import click
 
 from elasticrun import __version__
+from elasticrun.cli.abbrev import AbbreviatingCommand
 from elasticrun.cli.machine import cpu_count, gpu_count
 from elasticrun.cli.options import CONTEXT, shared_options
 from elasticrun.cli.torchrun_args import DEFAULT_SIGNALS, Devices, TorchrunArgs, parse_args
@@ -33,14 +35,30 @@ OWN_OPTIONS = ("collective_timeout", "hang_detection", "hang_timeout", "stuck_ti
 ACCEPTED_ONLY = ("monitor_interval", "start_method", "event_log_handler")
 
 
+class TorchrunOption(click.Option):
+    """One of torchrun's own options. A switch's PET_ variable takes any whole number, as
+    torchrun's `check_env` reads it (`bool(int(value))`: PET_STANDALONE=2 is on), besides
+    click's true/false."""
+
+    def resolve_envvar_value(self, ctx: click.Context) -> str | None:
+        value = super().resolve_envvar_value(ctx)
+        if value is None or not self.is_flag:
+            return value
+        try:
+            return "1" if int(value) else "0"
+        except ValueError:
+            return value
+
+
 def pet(*names: str, **kwargs: Any) -> Callable[[F], F]:
     """A torchrun option, defaulting to PET_<NAME> (torchrun's `env`/`check_env`)."""
     dest = names[-1]
-    return click.option(*names[:-1], dest, envvar=f"PET_{dest.upper()}", show_envvar=True,
-                        **kwargs)
+    return click.option(*names[:-1], dest, cls=TorchrunOption, envvar=f"PET_{dest.upper()}",
+                        show_envvar=True, **kwargs)
 
 
-@click.command(context_settings={**CONTEXT, "allow_interspersed_args": False},
+@click.command(cls=AbbreviatingCommand,
+               context_settings={**CONTEXT, "allow_interspersed_args": False},
                epilog="elasticrun's own options taken in this form too: "
                       "--collective-timeout, --hang-detection/--no-hang-detection, "
                       "--hang-timeout, --stuck-timeout, --init-timeout, --backend, "
@@ -99,13 +117,14 @@ def pet(*names: str, **kwargs: Any) -> Callable[[F], F]:
      help="The static form's node rank: node 0 hosts the job [default: 0].")
 @pet("--master-addr", "--master_addr", "master_addr", default="127.0.0.1", show_default=True,
      help="The static form's endpoint host (without --rdzv-endpoint).")
-@pet("--master-port", "--master_port", "master_port", type=click.IntRange(1, 65535),
+@pet("--master-port", "--master_port", "master_port", type=click.IntRange(0, 65535),
      help="The static form's endpoint port [default: 29500].")
 @pet("--local-addr", "--local_addr", "local_addr", metavar="NAME",
      help="This node's name in the job [default: $SLURMD_NODENAME, else the host name].")
-@click.option("--logs-specs", "--logs_specs", "logs_specs", metavar="NAME",
-              help="Refused: torchrun's log-spec plugins do not apply.")
-@click.option("--numa-binding", "--numa_binding", "numa_binding",
+@click.option("--logs-specs", "--logs_specs", "logs_specs", cls=TorchrunOption, metavar="NAME",
+              help="default: accepted (torchrun's own log spec, as without the flag); any "
+                   "other: refused (torchrun's log-spec plugins do not apply).")
+@click.option("--numa-binding", "--numa_binding", "numa_binding", cls=TorchrunOption,
               type=click.Choice(["node", "socket", "exclusive", "core-complex"]),
               help="Refused: not supported.")
 @pet("--signals-to-handle", "--signals_to_handle", "signals_to_handle",
@@ -139,6 +158,11 @@ def torchrun_cli(**options: Any) -> None:
         options, Devices(gpu_count(os.environ), cpu_count()), os.environ)
     setup_logging(level)
     sys.exit(launch(args, click.get_current_context().obj or [], level, timeline))
+
+
+# torchrun's own options win a prefix they share with elasticrun's
+torchrun_cli.preferred = frozenset(
+    p.name for p in torchrun_cli.params if isinstance(p, TorchrunOption) and p.name)
 
 
 def read_options(options: Mapping[str, Any], devices: Devices, environ: Mapping[str, str]

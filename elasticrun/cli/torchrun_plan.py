@@ -62,7 +62,8 @@ def plan(args: TorchrunArgs) -> DriverConfig | Nodes:
         default = C10D_DEFAULT_PORT if args.backend == "c10d" else None
         host, port = parse_endpoint(args.endpoint, default)
     elif args.backend == "static":
-        host, port = parse_endpoint(args.master_addr, args.master_port or STATIC_DEFAULT_PORT)
+        default = STATIC_DEFAULT_PORT if args.master_port is None else args.master_port
+        host, port = parse_endpoint(args.master_addr, default)
     else:
         raise ConfigError(f"--nnodes {args.min_nodes}:{args.max_nodes} needs --rdzv-endpoint "
                           f"HOST:PORT: the node that owns it hosts the job")

@@ -121,3 +121,34 @@ def test_policy_table(local_rank: int, stream: str, kept: bool, shown: bool) -> 
                       local_ranks_filter=frozenset({0, 1}))
     assert logs.kept(local_rank, stream) is kept
     assert logs.shown(local_rank, stream) is shown
+
+
+# --- torchrun's form: its console as torchrun writes it ---------------------------------------
+def torchrun_settings(log_dir: Path | None, tee: str = "0", redirects: str = "0",
+                      prefix: str = "[${role_name}${local_rank}]:") -> TorchrunSettings:
+    return TorchrunSettings(log_dir=log_dir, redirects=parse_std("-r", redirects),
+                            tee=parse_std("-t", tee), role="trainer", line_prefix=prefix)
+
+
+def test_torchruns_console_is_the_workers_own_lines(tmp_path: Path) -> None:
+    """Neither teed nor redirected: no prefix, as torchrun's workers write to its console."""
+    out, err, files = routed(tmp_path, WorkerLogs.of(torchrun_settings(None)))
+    assert out == {"out-0", "out-1", "out-2", "out-3"} and files == {}
+    assert err == {"err-0", "err-1", "err-2", "err-3"}
+
+
+def test_a_teed_line_has_torchruns_prefix(tmp_path: Path) -> None:
+    out, err, _ = routed(tmp_path, WorkerLogs.of(torchrun_settings(tmp_path, tee="1")))
+    assert out == {"[trainer0]:out-0", "[trainer1]:out-1", "[trainer0]:out-2",
+                   "[trainer1]:out-3"}
+    assert err == {"err-0", "err-1", "err-2", "err-3"}  # not teed: as written
+
+
+def test_the_prefix_template(tmp_path: Path) -> None:
+    """TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE: ${rank}, ${local_rank}, ${role_name}; any other
+    placeholder is left as it is (string.Template's safe_substitute, as torchrun)."""
+    settings = torchrun_settings(tmp_path, tee="3", redirects="3",
+                                 prefix="<${role_name}|${rank}|${local_rank}|${x}>")
+    out, _, _ = routed(tmp_path, WorkerLogs.of(settings))
+    assert out == {"<trainer|0|0|${x}>out-0", "<trainer|1|1|${x}>out-1",
+                   "<trainer|2|0|${x}>out-2", "<trainer|3|1|${x}>out-3"}

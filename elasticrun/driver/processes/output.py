@@ -1,4 +1,7 @@
-"""Worker output: each line forwarded as `[rank]<stdout>:line`, optionally to per-rank files.
+"""Worker output: each line forwarded as `[rank]<stdout>:line` (elasticrun's own form) or as
+torchrun writes it (its form: a teed line `[default0]:line`, or as
+TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE says; any other line as the worker wrote it),
+optionally to per-rank files.
 
 Per-rank files (`DIR/rank.N/stdout|stderr`) are opened for appending, so a rank that
 is respawned or renumbered adds to its file and never overwrites it.
@@ -13,9 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import string
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
@@ -42,14 +46,31 @@ class WorkerLogs:
     redirects: Streams = ()  # kept in files, off the console
     tee: Streams = ()  # kept in files, and on the console
     local_ranks_filter: frozenset[int] | None = None  # None: every local rank's console
+    line_prefix: str | None = None  # TorchrunSettings.line_prefix
+    role: str = "default"
+    _headers: dict[tuple[int, int, str], bytes] = field(default_factory=dict, compare=False)
 
     @classmethod
     def of(cls, settings: TorchrunSettings) -> WorkerLogs | None:
-        """None when the settings ask for nothing beyond the console (torchrun's default)."""
-        if not (settings.redirects or settings.tee or settings.local_ranks_filter is not None):
+        """None when the settings ask for nothing beyond elasticrun's own console."""
+        if settings.line_prefix is None and not (
+                settings.redirects or settings.tee or settings.local_ranks_filter is not None):
             return None
         return cls(settings.log_dir, settings.redirects, settings.tee,
-                   settings.local_ranks_filter)
+                   settings.local_ranks_filter, settings.line_prefix, settings.role)
+
+    def header(self, rank: int, local_rank: int, stream: str) -> bytes:
+        """What a console line of this stream starts with: torchrun's (its form), teed
+        lines only; elasticrun's own `[rank]<stream>:` otherwise."""
+        if self.line_prefix is None:
+            return f"[{rank}]<{stream}>:".encode()
+        if stream not in _streams(self.tee, local_rank):
+            return b""
+        key = (rank, local_rank, stream)
+        if key not in self._headers:
+            self._headers[key] = string.Template(self.line_prefix).safe_substitute(
+                role_name=self.role, rank=rank, local_rank=local_rank).encode()
+        return self._headers[key]
 
     def kept(self, local_rank: int, stream: str) -> bool:
         return self.root is not None and (stream in _streams(self.redirects, local_rank)
@@ -121,7 +142,9 @@ class OutputRouter:
         if self._timestamps:
             stamp = datetime.datetime.now().isoformat(timespec="microseconds").encode() + b" "
         if self._logs is None or self._logs.shown(local_rank, stream):
-            prefix = stamp + f"[{rank}]<{stream}>:".encode()
+            header = self._logs.header(rank, local_rank, stream) if self._logs is not None \
+                else f"[{rank}]<{stream}>:".encode()
+            prefix = stamp + header
             terminal = self._terminal[stream]
             terminal.write(b"".join(prefix + line + b"\n" for line in lines))
             terminal.flush()
