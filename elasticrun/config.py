@@ -63,6 +63,12 @@ class DriverConfig:
     discovery_timeout: float = 10.0
     slots_per_host: int | None = None
     start_timeout: float = 30.0
+    # torchrun's form with --nnodes MIN:MAX: once -np slots (MIN nodes) are there, how long
+    # the first round waits for more (up to --max-np) before it starts; None: it starts
+    last_call: float | None = None
+    # A socket already listening on the driver's address and `port`, served instead of
+    # binding one (torchrun's form: the launcher that bound the endpoint hosts the job)
+    listen_fd: int | None = None
     elastic_timeout: float = 600.0
     reset_limit: int | None = None
     # Restarts after a failure of a round whose scripts never called er.init() (restart
