@@ -36,10 +36,12 @@ def test_module_with_tee_into_a_log_dir(tmp_path: Path) -> None:
                       "--tee", "1", "-m", "torchrun_module"], cwd=work)
     assert result.returncode == 0, result.stderr
     assert sorted(TEED.findall(result.stdout)) == [("0", "0"), ("1", "1")], result.stdout
+    [run] = logs.iterdir()  # torchrun's layout: <run id>_<random>/attempt_<K>/<local rank>/
+    assert run.name.startswith("e2e_")
     for rank in ("0", "1"):
-        kept = (logs / "e2e" / f"rank.{rank}" / "stdout").read_text()
+        kept = (run / "attempt_0" / rank / "stdout.log").read_text()
         assert f"torchrun-style rank={rank} world=2 sum=1" in kept
-        assert not (logs / "e2e" / f"rank.{rank}" / "stderr").exists()  # --tee 1: stdout
+        assert not (run / "attempt_0" / rank / "stderr.log").exists()  # --tee 1: stdout
 
 
 def test_an_abbreviated_redirect_with_a_prefix_template(tmp_path: Path) -> None:
