@@ -68,21 +68,23 @@ def pet(*names: str, **kwargs: Any) -> Callable[[F], F]:
                       "--help`). Every torchrun flag and what elasticrun does with it: "
                       "docs/migrating/torchrun.md.")
 @pet("--nnodes", "nnodes", default="1:1", show_default=True, metavar="N|MIN:MAX",
-     help="Number of nodes, or the range MIN:MAX.")
+     help="Number of nodes (launchers), or the range MIN:MAX: MIN nodes, then up to MAX "
+          "within --rdzv-conf last_call_timeout.")
 @pet("--nproc-per-node", "--nproc_per_node", "nproc_per_node", default="1", show_default=True,
      metavar="N|gpu|cpu|auto", help="Workers per node: a number, the node's GPUs, its CPUs, "
                                     "or auto (GPUs if any, else CPUs).")
 @pet("--rdzv-backend", "--rdzv_backend", "rdzv_backend", default="static", show_default=True,
      help="c10d or static: either way elasticrun's driver is the rendezvous (etcd refused).")
 @pet("--rdzv-endpoint", "--rdzv_endpoint", "rdzv_endpoint", default="", metavar="HOST:PORT",
-     help="The node that owns HOST serves the job's driver on PORT; every node's agent "
-          "connects to it.")
+     help="The launcher that binds HOST:PORT serves the job's driver there; every "
+          "launcher's agent connects to it.")
 @pet("--rdzv-id", "--rdzv_id", "rdzv_id", default="none", show_default=True,
      help="The job's id (TORCHELASTIC_RUN_ID); with no agent token, the nodes' token is "
           "derived from it.")
 @pet("--rdzv-conf", "--rdzv_conf", "rdzv_conf", default="", metavar="KEY=VALUE,...",
-     help="join_timeout (seconds nodes wait for each other, default 600), is_host, "
-          "agent_token_file; torch's other keys are accepted and do nothing.")
+     help="join_timeout (seconds nodes wait for MIN nodes, default 600), last_call_timeout "
+          "(then for more, default 30), is_host, agent_token_file; torch's other keys are "
+          "accepted and do nothing; any other key is ignored with a warning.")
 @pet("--standalone", "standalone", is_flag=True, help="One node, its rendezvous its own.")
 @pet("--max-restarts", "--max_restarts", "max_restarts", type=click.IntRange(min=0), default=0,
      show_default=True, help="Restarts of the workers after a failure before the job fails.")
@@ -101,12 +103,14 @@ def pet(*names: str, **kwargs: Any) -> Callable[[F], F]:
 @pet("--run-path", "--run_path", "run_path", is_flag=True,
      help="Run SCRIPT with runpy.run_path (what elasticrun's workers do anyway).")
 @pet("--log-dir", "--log_dir", "log_dir", metavar="DIR",
-     help="Keep what --redirects/--tee name in DIR/<run id>/rank.N/stdout|stderr.")
+     help="Keep what --redirects/--tee name in torchrun's layout: "
+          "DIR/<run id>_<random>/attempt_<K>/<local rank>/stdout.log|stderr.log.")
 @pet("-r", "--redirects", "redirects", default="0", metavar="STD",
      help="Streams kept in files instead of the console: 0-3 (1 stdout, 2 stderr, 3 both) "
           "for every local rank, or LOCAL_RANK:STD,... (e.g. 0:1,1:2).")
 @pet("-t", "--tee", "tee", default="0", metavar="STD",
-     help="Streams kept in files and shown on the console (as --redirects).")
+     help="Streams kept in files and shown on the console (as --redirects), each line "
+          "prefixed [<role><local rank>]: or as TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE says.")
 @pet("--local-ranks-filter", "--local_ranks_filter", "local_ranks_filter", default="",
      metavar="R,...", help="Show only these local ranks on the console (files keep all).")
 @pet("--duplicate-stdout-filters", "--duplicate_stdout_filters", "duplicate_stdout_filters",
@@ -120,7 +124,8 @@ def pet(*names: str, **kwargs: Any) -> Callable[[F], F]:
 @pet("--master-port", "--master_port", "master_port", type=click.IntRange(0, 65535),
      help="The static form's endpoint port [default: 29500].")
 @pet("--local-addr", "--local_addr", "local_addr", metavar="NAME",
-     help="This node's name in the job [default: $SLURMD_NODENAME, else the host name].")
+     help="This node's name in the job [default: $SLURMD_NODENAME, else the host name]; "
+          "a second launcher of the job with that name on this machine is NAME_1, ...")
 @click.option("--logs-specs", "--logs_specs", "logs_specs", cls=TorchrunOption, metavar="NAME",
               help="default: accepted (torchrun's own log spec, as without the flag); any "
                    "other: refused (torchrun's log-spec plugins do not apply).")
@@ -152,7 +157,8 @@ def torchrun_cli(**options: Any) -> None:
 
     This form is chosen when a torchrun-only option comes before SCRIPT; else, when no
     option only `elasticrun -np` has is given, when PET_NPROC_PER_NODE or PET_NNODES is
-    set or SCRIPT ends in .py.
+    set or SCRIPT ends in .py. Long options take any unambiguous prefix, as torchrun's
+    (--redirect 3 is --redirects 3).
     """
     args, level, timeline = read_options(
         options, Devices(gpu_count(os.environ), cpu_count()), os.environ)
