@@ -43,6 +43,11 @@ class TorchrunSettings:
     local_ranks_filter: frozenset[int] | None = None  # None: every local rank on the console
     virtual_local_rank: bool = False  # LOCAL_RANK=0, CUDA_VISIBLE_DEVICES=<local rank>
     nodes_of: int | None = None  # torchrun's multi-node form: --nproc-per-node (messages)
+    # torchrun's form: the prefix of a teed line, a string.Template of role_name, rank and
+    # local_rank (TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, else torchrun's "[role<local
+    # rank>]:"); lines not teed reach the console as written. None: elasticrun's own form,
+    # every line "[rank]<stream>:".
+    line_prefix: str | None = None
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,12 @@ class DriverConfig:
     discovery_timeout: float = 10.0
     slots_per_host: int | None = None
     start_timeout: float = 30.0
+    # torchrun's form with --nnodes MIN:MAX: once -np slots (MIN nodes) are there, how long
+    # the first round waits for more (up to --max-np) before it starts; None: it starts
+    last_call: float | None = None
+    # A socket already listening on the driver's address and `port`, served instead of
+    # binding one (torchrun's form: the launcher that bound the endpoint hosts the job)
+    listen_fd: int | None = None
     elastic_timeout: float = 600.0
     reset_limit: int | None = None
     # Restarts after a failure of a round whose scripts never called er.init() (restart

@@ -39,6 +39,7 @@ log = logging.getLogger("elasticrun.agent")
 HEARTBEAT_S = 2.0  # pings to the driver; its silence is measured against the grace
 RETRY_S = (0.1, 0.2, 0.5, 1.0)  # between connection attempts
 CONNECT_TIMEOUT_S = 10.0  # one attempt: TCP, the upgrade, hello and welcome
+REFUSED_EXIT = 2  # the driver refused this agent: the job, if it runs, runs without it
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ class Agent:
         except Refused as exc:
             log.error("the driver at %s refused this agent: %s", self.settings.driver, exc)
             await self._workers.stop_all(self.settings.stop_grace)
-            return 2
+            return REFUSED_EXIT
         except DriverGone:
             count = len(self._workers)
             if self._welcomed:

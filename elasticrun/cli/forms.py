@@ -13,6 +13,8 @@ option or an option's value, or whatever follows `--`), in this order:
      train.py`: one process): torchrun's form;
   5. otherwise elasticrun's own form.
 Options both forms have (`--max-restarts`, `--log-level`, `--help`, ...) decide nothing.
+torchrun's options may be abbreviated, as under torchrun (abbrev.py): `--standal` is
+`--standalone`.
 """
 
 from __future__ import annotations
@@ -21,6 +23,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import click
+
+from elasticrun.cli.abbrev import (
+    AbbreviatingCommand,
+    Ambiguous,
+    Spelling,
+    expand,
+    spellings_of,
+)
 
 HOROVODRUN = "horovodrun"
 TORCHRUN = "torchrun"
@@ -32,13 +42,17 @@ class FormTables:
     torchrun_only: frozenset[str]
     own_only: frozenset[str]
     values: Mapping[str, int]  # an option -> how many values follow it
+    torchrun_spellings: Mapping[str, Spelling]  # to spell out torchrun's abbreviations
 
     @classmethod
     def of(cls, own: click.Command, torchrun: click.Command) -> FormTables:
         own_values, torchrun_values = _option_values(own), _option_values(torchrun)
+        context = click.Context(torchrun)
+        spellings = torchrun.spellings(context) if isinstance(torchrun, AbbreviatingCommand) \
+            else spellings_of(torchrun.get_params(context))
         return cls(frozenset(torchrun_values.keys() - own_values.keys()),
                    frozenset(own_values.keys() - torchrun_values.keys()),
-                   {**own_values, **torchrun_values})
+                   {**own_values, **torchrun_values}, spellings)
 
 
 def _option_values(command: click.Command) -> dict[str, int]:
@@ -71,8 +85,14 @@ def read(args: Sequence[str], tables: FormTables) -> Reading:
         if not word.startswith("-") or word == "-":
             command = word
             break
+        ambiguous = False
+        if word.startswith("--") and word.split("=", 1)[0] not in tables.values:
+            try:
+                word = expand(word, tables.torchrun_spellings)
+            except Ambiguous:  # only torchrun's form takes prefixes: its parser says which
+                ambiguous = True
         name, attached = _option_name(word, tables.values)
-        if name in tables.torchrun_only:
+        if name in tables.torchrun_only or ambiguous:
             torchrun_option = torchrun_option or name
         if name in tables.own_only:
             own_option = own_option or name
@@ -106,9 +126,10 @@ def mixed(args: Sequence[str], tables: FormTables) -> str | None:
 
 def _option_name(word: str, values: Mapping[str, int]) -> tuple[str, bool]:
     """The option `word` names, and whether its value is attached (`--x=1`, `-r3`)."""
-    if "=" in word and word.startswith("--"):
-        return word.split("=", 1)[0], True
-    if word in values or word.startswith("--"):
+    if word.startswith("--"):
+        name = word.split("=", 1)[0]
+        return name, name != word
+    if word in values:
         return word, False
     if word[:2] in values:  # a short option with its value attached: `-r3`, `-Hhost:2`
         return word[:2], True

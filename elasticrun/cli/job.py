@@ -13,6 +13,7 @@ from elasticrun.driver.driver import Driver
 from elasticrun.driver.journal import command_line
 from elasticrun.driver.journal.opening import refuse_a_running_job
 from elasticrun.driver.processes.output import OutputRouter, WorkerLogs
+from elasticrun.errors import ConfigError
 from elasticrun.job_config import build_parts
 from elasticrun.process_setup import raise_open_file_limit
 
@@ -29,7 +30,11 @@ def run_job(config: DriverConfig, argv: Sequence[str]) -> int:
                           config.prefix_timestamp, WorkerLogs.of(config.torchrun))
     try:
         driver = Driver(config, parts, output)
-        output.name_run(config.torchrun.run_id or driver.job_id)  # TORCHELASTIC_RUN_ID
+        try:
+            output.name_run(config.torchrun.run_id or driver.job_id)  # TORCHELASTIC_RUN_ID
+        except OSError as exc:
+            raise ConfigError(f"--log-dir {config.torchrun.log_dir}: cannot make the run's "
+                              f"directory there: {exc.strerror or exc}") from None
         return asyncio.run(driver.run())
     finally:
         output.close()

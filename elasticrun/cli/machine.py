@@ -1,11 +1,9 @@
 """What torchrun's form asks of this machine: its GPUs and CPUs (for `--nproc-per-node
 gpu|cpu|auto`, without importing torch), its name in a job, and whether an address is one
-of its own (the rendezvous endpoint's: the node that owns it hosts the driver)."""
+of its own (the rendezvous endpoint's: the node that owns it may host the driver)."""
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import os
 import socket
 from collections.abc import Mapping
@@ -70,17 +68,3 @@ def own_address(addresses: list[str]) -> str | None:
                 continue
             return address
     return None
-
-
-def port_taken(address: str, port: int) -> bool:
-    """Whether something here already listens on address:port (another elasticrun that
-    hosts the same endpoint); the check binds the port a moment, as the driver will."""
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((address, port))
-        except OSError as exc:
-            return exc.errno == errno.EADDRINUSE
-    return False

@@ -1,7 +1,8 @@
 """torchrun's form: `elasticrun --nproc-per-node 2 train.py` does what `torchrun
 --nproc-per-node 2 train.py` does. Every flag of torch 2.13's torchrun, in each of its
-spellings (dashes and underscores, `=` or a space), its default from PET_<NAME> as
-torchrun's own (Kubeflow's PyTorchJob sets them), then SCRIPT [ARGS] without `python`.
+spellings (dashes and underscores, `=` or a space, any unambiguous prefix: abbrev.py), its
+default from PET_<NAME> as torchrun's own (Kubeflow's PyTorchJob sets them), then SCRIPT
+[ARGS] without `python`.
 What elasticrun does with each: docs/migrating/torchrun.md. The values: torchrun_args.py;
 what runs on this node: torchrun_plan.py and torchrun_launch.py.
 """
@@ -17,6 +18,7 @@ from typing import Any, TypeVar
 import click
 
 from elasticrun import __version__
+from elasticrun.cli.abbrev import AbbreviatingCommand
 from elasticrun.cli.machine import cpu_count, gpu_count
 from elasticrun.cli.options import CONTEXT, shared_options
 from elasticrun.cli.torchrun_args import DEFAULT_SIGNALS, Devices, TorchrunArgs, parse_args
@@ -33,14 +35,30 @@ OWN_OPTIONS = ("collective_timeout", "hang_detection", "hang_timeout", "stuck_ti
 ACCEPTED_ONLY = ("monitor_interval", "start_method", "event_log_handler")
 
 
+class TorchrunOption(click.Option):
+    """One of torchrun's own options. A switch's PET_ variable takes any whole number, as
+    torchrun's `check_env` reads it (`bool(int(value))`: PET_STANDALONE=2 is on), besides
+    click's true/false."""
+
+    def resolve_envvar_value(self, ctx: click.Context) -> str | None:
+        value = super().resolve_envvar_value(ctx)
+        if value is None or not self.is_flag:
+            return value
+        try:
+            return "1" if int(value) else "0"
+        except ValueError:
+            return value
+
+
 def pet(*names: str, **kwargs: Any) -> Callable[[F], F]:
     """A torchrun option, defaulting to PET_<NAME> (torchrun's `env`/`check_env`)."""
     dest = names[-1]
-    return click.option(*names[:-1], dest, envvar=f"PET_{dest.upper()}", show_envvar=True,
-                        **kwargs)
+    return click.option(*names[:-1], dest, cls=TorchrunOption, envvar=f"PET_{dest.upper()}",
+                        show_envvar=True, **kwargs)
 
 
-@click.command(context_settings={**CONTEXT, "allow_interspersed_args": False},
+@click.command(cls=AbbreviatingCommand,
+               context_settings={**CONTEXT, "allow_interspersed_args": False},
                epilog="elasticrun's own options taken in this form too: "
                       "--collective-timeout, --hang-detection/--no-hang-detection, "
                       "--hang-timeout, --stuck-timeout, --init-timeout, --backend, "
@@ -50,21 +68,23 @@ def pet(*names: str, **kwargs: Any) -> Callable[[F], F]:
                       "--help`). Every torchrun flag and what elasticrun does with it: "
                       "docs/migrating/torchrun.md.")
 @pet("--nnodes", "nnodes", default="1:1", show_default=True, metavar="N|MIN:MAX",
-     help="Number of nodes, or the range MIN:MAX.")
+     help="Number of nodes (launchers), or the range MIN:MAX: MIN nodes, then up to MAX "
+          "within --rdzv-conf last_call_timeout.")
 @pet("--nproc-per-node", "--nproc_per_node", "nproc_per_node", default="1", show_default=True,
      metavar="N|gpu|cpu|auto", help="Workers per node: a number, the node's GPUs, its CPUs, "
                                     "or auto (GPUs if any, else CPUs).")
 @pet("--rdzv-backend", "--rdzv_backend", "rdzv_backend", default="static", show_default=True,
      help="c10d or static: either way elasticrun's driver is the rendezvous (etcd refused).")
 @pet("--rdzv-endpoint", "--rdzv_endpoint", "rdzv_endpoint", default="", metavar="HOST:PORT",
-     help="The node that owns HOST serves the job's driver on PORT; every node's agent "
-          "connects to it.")
+     help="The launcher that binds HOST:PORT serves the job's driver there; every "
+          "launcher's agent connects to it.")
 @pet("--rdzv-id", "--rdzv_id", "rdzv_id", default="none", show_default=True,
      help="The job's id (TORCHELASTIC_RUN_ID); with no agent token, the nodes' token is "
           "derived from it.")
 @pet("--rdzv-conf", "--rdzv_conf", "rdzv_conf", default="", metavar="KEY=VALUE,...",
-     help="join_timeout (seconds nodes wait for each other, default 600), is_host, "
-          "agent_token_file; torch's other keys are accepted and do nothing.")
+     help="join_timeout (seconds nodes wait for MIN nodes, default 600), last_call_timeout "
+          "(then for more, default 30), is_host, agent_token_file; torch's other keys are "
+          "accepted and do nothing; any other key is ignored with a warning.")
 @pet("--standalone", "standalone", is_flag=True, help="One node, its rendezvous its own.")
 @pet("--max-restarts", "--max_restarts", "max_restarts", type=click.IntRange(min=0), default=0,
      show_default=True, help="Restarts of the workers after a failure before the job fails.")
@@ -83,12 +103,14 @@ def pet(*names: str, **kwargs: Any) -> Callable[[F], F]:
 @pet("--run-path", "--run_path", "run_path", is_flag=True,
      help="Run SCRIPT with runpy.run_path (what elasticrun's workers do anyway).")
 @pet("--log-dir", "--log_dir", "log_dir", metavar="DIR",
-     help="Keep what --redirects/--tee name in DIR/<run id>/rank.N/stdout|stderr.")
+     help="Keep what --redirects/--tee name in torchrun's layout: "
+          "DIR/<run id>_<random>/attempt_<K>/<local rank>/stdout.log|stderr.log.")
 @pet("-r", "--redirects", "redirects", default="0", metavar="STD",
      help="Streams kept in files instead of the console: 0-3 (1 stdout, 2 stderr, 3 both) "
           "for every local rank, or LOCAL_RANK:STD,... (e.g. 0:1,1:2).")
 @pet("-t", "--tee", "tee", default="0", metavar="STD",
-     help="Streams kept in files and shown on the console (as --redirects).")
+     help="Streams kept in files and shown on the console (as --redirects), each line "
+          "prefixed [<role><local rank>]: or as TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE says.")
 @pet("--local-ranks-filter", "--local_ranks_filter", "local_ranks_filter", default="",
      metavar="R,...", help="Show only these local ranks on the console (files keep all).")
 @pet("--duplicate-stdout-filters", "--duplicate_stdout_filters", "duplicate_stdout_filters",
@@ -99,13 +121,15 @@ def pet(*names: str, **kwargs: Any) -> Callable[[F], F]:
      help="The static form's node rank: node 0 hosts the job [default: 0].")
 @pet("--master-addr", "--master_addr", "master_addr", default="127.0.0.1", show_default=True,
      help="The static form's endpoint host (without --rdzv-endpoint).")
-@pet("--master-port", "--master_port", "master_port", type=click.IntRange(1, 65535),
+@pet("--master-port", "--master_port", "master_port", type=click.IntRange(0, 65535),
      help="The static form's endpoint port [default: 29500].")
 @pet("--local-addr", "--local_addr", "local_addr", metavar="NAME",
-     help="This node's name in the job [default: $SLURMD_NODENAME, else the host name].")
-@click.option("--logs-specs", "--logs_specs", "logs_specs", metavar="NAME",
-              help="Refused: torchrun's log-spec plugins do not apply.")
-@click.option("--numa-binding", "--numa_binding", "numa_binding",
+     help="This node's name in the job [default: $SLURMD_NODENAME, else the host name]; "
+          "a second launcher of the job with that name on this machine is NAME_1, ...")
+@click.option("--logs-specs", "--logs_specs", "logs_specs", cls=TorchrunOption, metavar="NAME",
+              help="default: accepted (torchrun's own log spec, as without the flag); any "
+                   "other: refused (torchrun's log-spec plugins do not apply).")
+@click.option("--numa-binding", "--numa_binding", "numa_binding", cls=TorchrunOption,
               type=click.Choice(["node", "socket", "exclusive", "core-complex"]),
               help="Refused: not supported.")
 @pet("--signals-to-handle", "--signals_to_handle", "signals_to_handle",
@@ -133,12 +157,18 @@ def torchrun_cli(**options: Any) -> None:
 
     This form is chosen when a torchrun-only option comes before SCRIPT; else, when no
     option only `elasticrun -np` has is given, when PET_NPROC_PER_NODE or PET_NNODES is
-    set or SCRIPT ends in .py.
+    set or SCRIPT ends in .py. Long options take any unambiguous prefix, as torchrun's
+    (--redirect 3 is --redirects 3).
     """
     args, level, timeline = read_options(
         options, Devices(gpu_count(os.environ), cpu_count()), os.environ)
     setup_logging(level)
     sys.exit(launch(args, click.get_current_context().obj or [], level, timeline))
+
+
+# torchrun's own options win a prefix they share with elasticrun's
+torchrun_cli.preferred = frozenset(
+    p.name for p in torchrun_cli.params if isinstance(p, TorchrunOption) and p.name)
 
 
 def read_options(options: Mapping[str, Any], devices: Devices, environ: Mapping[str, str]

@@ -22,10 +22,17 @@ C10D_DEFAULT_PORT = 29400  # torchrun's c10d endpoint without a port
 STATIC_DEFAULT_PORT = 29500  # torchrun's --master-port when not given
 JOIN_TIMEOUT_S = 600.0  # torchrun's rendezvous join_timeout
 BACKENDS = ("c10d", "static")
+# torchrun's prefix of a teed line (its TailLog's `[{role}{local_rank}]:`), unless
+# TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE gives another
+LINE_PREFIX = "[${role_name}${local_rank}]:"
+LINE_PREFIX_VARIABLE = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
+LAST_CALL_TIMEOUT_S = 30.0  # torchrun's: after MIN nodes, how long more may join first
+# --rdzv-conf keys torch's c10d backend reads (checked as it checks them, or elasticrun acts
+# on them); `timeout` is read by the static backend only, and never checked here.
 RDZV_BOOLS = ("is_host", "use_libuv")
-RDZV_NUMBERS = ("timeout", "join_timeout", "last_call_timeout", "close_timeout",
-                "read_timeout", "keep_alive_interval", "keep_alive_max_attempt")
-RDZV_KEYS = (*RDZV_NUMBERS, *RDZV_BOOLS, "agent_token_file")
+RDZV_NUMBERS = ("join_timeout", "last_call_timeout", "close_timeout", "read_timeout",
+                "keep_alive_interval", "keep_alive_max_attempt")
+RDZV_KEYS = (*RDZV_NUMBERS, *RDZV_BOOLS, "timeout", "agent_token_file")
 # torchrun's --signals-to-handle default; SIGINT and SIGTERM stop an elasticrun job anyway
 DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -46,6 +53,7 @@ class RdzvConf:
     """The --rdzv-conf keys elasticrun acts on (the others are accepted, and do nothing)."""
 
     join_timeout: float | None = None
+    last_call_timeout: float | None = None
     is_host: bool | None = None
     agent_token_file: Path | None = None
 
@@ -85,7 +93,7 @@ def parse_args(options: Mapping[str, Any], devices: Devices, python: str,
                           f"driver, on the node that owns --rdzv-endpoint); use c10d")
     if backend not in BACKENDS:
         raise ConfigError(f"--rdzv-backend {backend!r}: expected c10d or static")
-    notes = []
+    rdzv, notes = parse_rdzv_conf(str(o["rdzv_conf"] or ""))
     if o["node_rank"] not in (None, 0) and backend != "static":
         notes.append(f"--node-rank is only used for the static rendezvous backend; it is "
                      f"ignored for --rdzv-backend {backend}")
@@ -96,7 +104,8 @@ def parse_args(options: Mapping[str, Any], devices: Devices, python: str,
         redirects=parse_std("-r/--redirects", str(o["redirects"])),
         tee=parse_std("-t/--tee", str(o["tee"])),
         local_ranks_filter=parse_local_ranks(str(o["local_ranks_filter"] or "")),
-        virtual_local_rank=bool(o["virtual_local_rank"]))
+        virtual_local_rank=bool(o["virtual_local_rank"]),
+        line_prefix=environ.get(LINE_PREFIX_VARIABLE) or LINE_PREFIX)
     shutdown = o["shutdown_timeout"]
     if shutdown is None and environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT"):
         shutdown = _number("TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
@@ -107,7 +116,7 @@ def parse_args(options: Mapping[str, Any], devices: Devices, python: str,
         command=build_command(o, python), nproc=parse_nproc(str(o["nproc_per_node"]), devices),
         min_nodes=min_nodes, max_nodes=max_nodes, standalone=bool(o["standalone"]),
         backend=backend, endpoint=str(o["rdzv_endpoint"] or "").strip(),
-        run_id=str(o["rdzv_id"]), rdzv=parse_rdzv_conf(str(o["rdzv_conf"] or "")),
+        run_id=str(o["rdzv_id"]), rdzv=rdzv,
         node_rank=o["node_rank"], master_addr=str(o["master_addr"]),
         master_port=o["master_port"], local_addr=o["local_addr"] or None,
         max_restarts=int(o["max_restarts"]),
@@ -117,10 +126,10 @@ def parse_args(options: Mapping[str, Any], devices: Devices, python: str,
 
 
 def _refuse_unsupported(o: Mapping[str, Any]) -> None:
-    if o.get("logs_specs") is not None:
+    if o.get("logs_specs") not in (None, "default"):  # torch's own spec: as without the flag
         raise ConfigError(f"--logs-specs {o['logs_specs']!r}: torchrun's log-spec plugins do "
-                          f"not apply; elasticrun keeps output with --log-dir, --redirects, "
-                          f"--tee and --local-ranks-filter (or --output-filename)")
+                          f"not apply (only its own, default); elasticrun keeps output with "
+                          f"--log-dir, --redirects, --tee and --local-ranks-filter")
     if o.get("numa_binding") is not None:
         raise ConfigError(f"--numa-binding {o['numa_binding']}: not supported; bind workers "
                           f"in the script (os.sched_setaffinity) or with numactl --no-python")
@@ -196,9 +205,13 @@ def parse_local_ranks(value: str) -> frozenset[int] | None:
     return ranks
 
 
-def parse_rdzv_conf(value: str) -> RdzvConf:
-    """`key=value,...` with torch's documented keys, and agent_token_file."""
+def parse_rdzv_conf(value: str) -> tuple[RdzvConf, list[str]]:
+    """`key=value,...` as torch reads it (a key and a value each), and the warnings: a key
+    that neither torch's c10d backend nor elasticrun reads is ignored, as the backend
+    ignores it, with a warning naming it (`'join_timeout`, its quote not stripped by a
+    shell, is such a key). The keys the backend reads are checked as it checks them."""
     pairs: dict[str, str] = {}
+    notes: list[str] = []
     for item in value.split(",") if value.strip() else []:
         key, _, setting = item.partition("=")
         key, setting = key.strip(), setting.strip()
@@ -206,19 +219,23 @@ def parse_rdzv_conf(value: str) -> RdzvConf:
             raise ConfigError(f"--rdzv-conf {value!r}: expected KEY=VALUE,... (e.g. "
                               f"join_timeout=900)")
         if key not in RDZV_KEYS:
-            raise ConfigError(f"--rdzv-conf {key}: unknown key; expected one of "
-                              f"{', '.join(RDZV_KEYS)}")
+            notes.append(f"--rdzv-conf {key}: not a rendezvous setting torchrun's c10d "
+                         f"backend or elasticrun reads; ignored (known: "
+                         f"{', '.join(RDZV_KEYS)})")
+            continue
         if key in RDZV_NUMBERS:
             _number(f"--rdzv-conf {key}", setting, whole=True)
         if key in RDZV_BOOLS:
             _bool(f"--rdzv-conf {key}", setting)
         pairs[key] = setting
-    join = pairs.get("join_timeout")
+    join, last_call = pairs.get("join_timeout"), pairs.get("last_call_timeout")
     return RdzvConf(
         join_timeout=_number("--rdzv-conf join_timeout", join, whole=True) if join else None,
+        last_call_timeout=_number("--rdzv-conf last_call_timeout", last_call, whole=True)
+        if last_call else None,
         is_host=_bool("--rdzv-conf is_host", pairs["is_host"]) if "is_host" in pairs else None,
         agent_token_file=Path(pairs["agent_token_file"]) if "agent_token_file" in pairs
-        else None)
+        else None), notes
 
 
 def _number(name: str, value: str, whole: bool) -> float:

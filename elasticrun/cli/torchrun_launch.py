@@ -21,12 +21,14 @@ from elasticrun import protocol
 from elasticrun.agent.runner import Agent, AgentSettings
 from elasticrun.cli import machine
 from elasticrun.cli.job import run_job
+from elasticrun.cli.node_claim import bind_endpoint, claim_place, places_directory
 from elasticrun.cli.torchrun_args import TorchrunArgs
 from elasticrun.cli.torchrun_plan import (
     Nodes,
     decide_hosting,
     derived_token,
     node_agent_settings,
+    node_result,
     nodes_driver_config,
     plan,
 )
@@ -56,16 +58,39 @@ def launch(args: TorchrunArgs, argv: Sequence[str], log_level: str,
 
 def run_nodes(args: TorchrunArgs, nodes: Nodes, argv: Sequence[str], log_level: str,
               timeline: Mapping[str, object]) -> int:
-    name = _node_name(args.local_addr)
+    """This launcher is one node of the job (node_claim.py): its place on this machine is
+    held for its whole life, and so is the endpoint when it binds it."""
+    base = _node_name(args.local_addr)
+    try:
+        place = claim_place(places_directory(args.run_id, f"{nodes.host}:{nodes.port}", base),
+                            base)
+    except OSError as exc:
+        raise ConfigError(f"cannot claim this launcher's place among the nodes on this "
+                          f"machine: {exc.strerror or exc}") from None
+    try:
+        return _run_node(args, nodes, place.name, argv, log_level, timeline)
+    finally:
+        place.close()
+
+
+def _run_node(args: TorchrunArgs, nodes: Nodes, name: str, argv: Sequence[str],
+              log_level: str, timeline: Mapping[str, object]) -> int:
     own = machine.own_address(machine.resolve(nodes.host))
-    taken = nodes.hosting is not False and machine.port_taken(own or "0.0.0.0", nodes.port)
-    hosting = decide_hosting(nodes, own, taken)
+    listening = None
+    if nodes.hosting or (nodes.hosting is None and own is not None):
+        try:
+            listening = bind_endpoint(own or "0.0.0.0", nodes.port)
+        except OSError as exc:
+            raise ConfigError(f"--rdzv-endpoint {nodes.host}:{nodes.port}: cannot listen "
+                              f"there: {exc.strerror or exc}") from None
+    hosting = decide_hosting(nodes, own, port_taken=listening is None)
     token, derived = agent_token(args)
     if not hosting.driver:
         log.info("node %s: this node's agent only (%s); the job's driver: %s:%d", name,
                  hosting.why, nodes.host, nodes.port)
         settings = node_agent_settings(args, nodes, nodes.host, name, token, Path.cwd())
         return asyncio.run(_run_agent(settings))
+    assert listening is not None
     log.info("node %s hosts the job's driver on port %d (%s)", name, nodes.port, hosting.why)
     if derived:
         log.warning("no agent token given: the nodes' token is derived from --rdzv-id %r, so "
@@ -78,14 +103,20 @@ def run_nodes(args: TorchrunArgs, nodes: Nodes, argv: Sequence[str], log_level: 
                     "interface", nodes.host)
     config = nodes_driver_config(args, nodes, own or "0.0.0.0", token)
     config = dataclasses.replace(config, torchrun=kept_logs(config.torchrun),
+                                 listen_fd=listening.detach(),  # the driver's now
                                  **timeline)  # type: ignore[arg-type]
     # the agent dials an address other nodes reach too: its workers dial the same
     settings = node_agent_settings(args, nodes, own or nodes.host, name, token, Path.cwd())
     agent = start_child_agent(settings, log_level)
+    code = 1
     try:
-        return run_job(config, argv)
+        code = run_job(config, argv)
     finally:
-        stop_child_agent(agent)
+        agent_code = stop_child_agent(agent)
+    code, why = node_result(code, agent_code)
+    if why is not None:
+        log.error("%s", why)
+    return code
 
 
 def agent_token(args: TorchrunArgs) -> tuple[str, bool]:
@@ -149,15 +180,15 @@ def start_child_agent(settings: AgentSettings, log_level: str) -> subprocess.Pop
         raise ConfigError(f"cannot start this node's agent: {exc.strerror or exc}") from None
 
 
-def stop_child_agent(agent: subprocess.Popen[bytes]) -> None:
+def stop_child_agent(agent: subprocess.Popen[bytes]) -> int:
     """It ends on its own when the driver tells it the job is over; else it is killed (its
-    workers with it: they die with their agent). Reaped either way."""
+    workers with it: they die with their agent). Reaped either way; its exit code."""
     try:
-        agent.wait(CHILD_AGENT_END_S)
+        return agent.wait(CHILD_AGENT_END_S)
     except subprocess.TimeoutExpired:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(agent.pid, signal.SIGKILL)
-        agent.wait()
+        return agent.wait()
 
 
 @contextlib.contextmanager

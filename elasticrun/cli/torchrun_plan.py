@@ -16,10 +16,11 @@ import hashlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from elasticrun.agent.runner import AgentSettings
+from elasticrun.agent.runner import REFUSED_EXIT, AgentSettings
 from elasticrun.cli.torchrun_args import (
     C10D_DEFAULT_PORT,
     JOIN_TIMEOUT_S,
+    LAST_CALL_TIMEOUT_S,
     STATIC_DEFAULT_PORT,
     TorchrunArgs,
     parse_endpoint,
@@ -62,7 +63,8 @@ def plan(args: TorchrunArgs) -> DriverConfig | Nodes:
         default = C10D_DEFAULT_PORT if args.backend == "c10d" else None
         host, port = parse_endpoint(args.endpoint, default)
     elif args.backend == "static":
-        host, port = parse_endpoint(args.master_addr, args.master_port or STATIC_DEFAULT_PORT)
+        default = STATIC_DEFAULT_PORT if args.master_port is None else args.master_port
+        host, port = parse_endpoint(args.master_addr, default)
     else:
         raise ConfigError(f"--nnodes {args.min_nodes}:{args.max_nodes} needs --rdzv-endpoint "
                           f"HOST:PORT: the node that owns it hosts the job")
@@ -107,7 +109,11 @@ def nodes_driver_config(args: TorchrunArgs, nodes: Nodes, bind: str, token: str
                      max_np=args.max_nodes * args.nproc, start_timeout=nodes.join_timeout,
                      elastic_timeout=nodes.join_timeout, launcher="agent",
                      discovery="agents", port=nodes.port, bind=(bind,), agent_token=token)
-    return replace(config, torchrun=replace(config.torchrun, nodes_of=args.nproc))
+    # as torchrun's rendezvous: MIN nodes joined, more may join for last_call_timeout
+    last_call = args.rdzv.last_call_timeout or LAST_CALL_TIMEOUT_S \
+        if args.max_nodes > args.min_nodes else None
+    return replace(config, torchrun=replace(config.torchrun, nodes_of=args.nproc),
+                   last_call=last_call)
 
 
 def node_agent_settings(args: TorchrunArgs, nodes: Nodes, dial: str, name: str, token: str,
@@ -121,6 +127,16 @@ def node_agent_settings(args: TorchrunArgs, nodes: Nodes, dial: str, name: str, 
         stop_grace=args.shutdown_timeout if args.shutdown_timeout else 5.0,
         working_dir=working_dir, first_contact_timeout=nodes.join_timeout,
         exit_with_job=True, token_hint=TOKEN_HINT)
+
+
+def node_result(job_code: int, agent_code: int) -> tuple[int, str | None]:
+    """The hosting node's exit code: the job's, unless the driver refused this node's own
+    agent (then the job ran without this node's workers, and this node never exits 0), and
+    why, in one line."""
+    if job_code == 0 and agent_code == REFUSED_EXIT:
+        return REFUSED_EXIT, ("the job's driver refused this node's agent (its line above "
+                              "says why): the job ran without this node's workers")
+    return job_code, None
 
 
 def derived_token(run_id: str) -> str:

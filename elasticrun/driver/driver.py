@@ -13,6 +13,7 @@ import logging
 import os
 import secrets
 import signal
+import socket
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -155,8 +156,11 @@ class Driver:
             self._journal = await self._open_journal(port)
             self._open_pool(dialed[0], port, all_local)
         try:
+            listening = None if config.listen_fd is None else socket.socket(
+                fileno=config.listen_fd)
             port = await self._server.start(addresses, port, routes,
-                                            RESUME_PORT_WAIT_S if self._resumed else 0.0)
+                                            RESUME_PORT_WAIT_S if self._resumed else 0.0,
+                                            listening)
         except OSError as exc:
             raise ConfigError(f"cannot listen on {', '.join(addresses)} port "
                               f"{port}: {exc.strerror or exc}") from None

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from elasticrun.config import DriverConfig
-from elasticrun.driver.processes.output import OutputRouter, run_directory
+from elasticrun.driver.processes.output import OutputRouter
 from elasticrun.driver.processes.placement import Placement
 from elasticrun.driver.processes.pool import PoolSettings, WorkerPool
 from elasticrun.driver.processes.records import EnvSettings, Placed
@@ -56,11 +56,12 @@ class Workforce:
         """The pool, once the driver's address and port are known."""
         config = self._config
         run_id = config.torchrun.run_id or job_id
-        log_dir = config.torchrun.log_dir
         error_dir = Path("/tmp")
-        if log_dir is not None:  # error files go there (the workers' hosts make it too)
-            error_dir = run_directory(log_dir, run_id)
-            error_dir.mkdir(parents=True, exist_ok=True)
+        if config.torchrun.log_dir is not None:  # error files go to the run's directory
+            if self._output.run_dir is None:  # (the workers' hosts make it too)
+                self._output.name_run(run_id)
+            assert self._output.run_dir is not None
+            error_dir = self._output.run_dir
         env = EnvSettings(
             rendezvous_addr=address, rendezvous_port=port, secret=secret,
             collective_timeout=config.collective_timeout,

@@ -45,7 +45,9 @@ H1, H2, H3 = "10.77.0.11", "10.77.0.12", "10.77.0.13"
 SCRIPT = REPO / "tests" / "trainers" / "scripts" / "ddp_checkpoint.py"
 SAVE_EVERY = 5
 STEP_SLEEP = 0.1
-# Worker lines on the hosting node's console, stamped by --prefix-output-with-timestamp.
+# Worker lines on the hosting node's console, stamped by --prefix-output-with-timestamp and
+# prefixed with their rank (--tee 1, torchrun's prefix made elasticrun's own: RANKED_LINES).
+RANKED_LINES = {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[${rank}]<stdout>:"}
 WORKER_LINE = re.compile(r"^(\d{4}-\d\d-\d\dT[\d:.]+) \[(\d+)\]<stdout>:(.*)$", re.MULTILINE)
 STEP = re.compile(r"step (\d+) rank (\d+) restart (\d+)")
 START = re.compile(r"start resumed_from=(\d+) world=(\d+)")
@@ -141,10 +143,11 @@ class NodesJob:
         self.tmp = tmp
         self.port = free_port()
         self.rdzv_id = f"nodes-{uuid.uuid4().hex[:8]}"
-        self.env, self.tag = job_env()
+        self.env, self.tag = job_env(RANKED_LINES)
         self.line = [
             "--nnodes", "2:3", "--nproc-per-node", "1",
             "--rdzv-endpoint", f"{H1}:{self.port}", "--rdzv-id", self.rdzv_id,
+            "--rdzv-conf", "last_call_timeout=1", "--tee", "1", "--log-dir", str(tmp / "logs"),
             "--prefix-output-with-timestamp", *extra,
             str(SCRIPT), "--steps", str(steps), "--save-every", str(SAVE_EVERY),
             "--out", str(tmp / "checkpoints"), "--step-sleep", str(STEP_SLEEP)]

@@ -141,8 +141,7 @@ def test_every_worker_gets_torchruns_environment(tmp_path: Path) -> None:
     result = run_job(["--nproc-per-node=2", "--rdzv-id", "job7", "--role", "trainer",
                       "--max-restarts", "3", str(probe)], timeout=60)
     assert result.returncode == 0, result.stderr[-2000:]
-    lines = sorted(line.partition(":")[2] for line in result.stdout.splitlines()
-                   if "RANK=" in line)
+    lines = sorted(line for line in result.stdout.splitlines() if "RANK=" in line)
     assert lines == [
         f"RANK={r} LOCAL_RANK={r} WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 GROUP_RANK=0 "
         f"GROUP_WORLD_SIZE=1 ROLE_RANK={r} ROLE_WORLD_SIZE=2 ROLE_NAME=trainer "

@@ -23,6 +23,7 @@ import pytest
 
 from tests.agents.test_torchrun_nodes import (
     DONE,
+    RANKED_LINES,
     SAVE_EVERY,
     SCRIPT,
     ranks_in_round,
@@ -57,7 +58,8 @@ def batch_script(tmp: Path, steps: int, step_sleep: float, extra: str = "") -> P
         "ADDR=$(ip -4 -o addr show eth0 | awk '{print $4}' | cut -d/ -f1)\n"
         "PORT=$((20000 + SLURM_JOB_ID % 10000))\n"
         f"srun {elasticrun()} --nnodes 2 --nproc-per-node 1 --rdzv-endpoint $ADDR:$PORT "
-        f"--rdzv-id $SLURM_JOB_ID --prefix-output-with-timestamp {extra} "
+        f"--rdzv-id $SLURM_JOB_ID --tee 1 --log-dir {tmp / 'logs'} "
+        f"--prefix-output-with-timestamp {extra} "
         f"{SCRIPT} --steps {steps} --save-every {SAVE_EVERY} --out {tmp / 'checkpoints'} "
         f"--step-sleep {step_sleep}\n")
     script.chmod(0o755)
@@ -66,7 +68,7 @@ def batch_script(tmp: Path, steps: int, step_sleep: float, extra: str = "") -> P
 
 def submit(slurm: SlurmCluster, tmp: Path, script: Path) -> tuple[str, str, Path]:
     """sbatch -N2: the job's id, its test tag, its output file."""
-    env, tag = job_env()
+    env, tag = job_env(RANKED_LINES)
     output = tmp / "out"
     submitted = slurm.run(["sbatch", "--parsable", "-N2", "--ntasks-per-node=1",
                            f"--output={output}", f"--chdir={REPO}", str(script)], env=env)

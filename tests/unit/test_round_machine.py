@@ -51,6 +51,34 @@ def test_dynamic_hosts_wait_for_np_then_start_with_min_np_at_the_start_deadline(
     assert [o.number for o in opened] == [1] and len(opened[0].assignment) == 3
 
 
+def last_call_sim() -> Sim:
+    """torchrun's --nnodes 1:2 --nproc-per-node 4: MIN nodes' slots, then a last call."""
+    return Sim(config(np=4, min_np=4, max_np=8, discovery="hosts.sh", start_timeout=600.0,
+                      last_call=2.0))
+
+
+def test_the_last_call_starts_at_once_when_max_nodes_joined() -> None:
+    sim = last_call_sim()
+    assert of(ev.OpenRound, sim.send(ev.JobStarted({"a": 4}))) == []  # MIN: the last call
+    assert of(ev.OpenRound, sim.advance(1.0)) == []
+    opened = of(ev.OpenRound, sim.send(ev.HostsFound({"a": 4, "b": 4})))
+    assert [len(o.assignment) for o in opened] == [8]
+
+
+def test_the_last_call_ends_with_the_nodes_that_joined() -> None:
+    sim = last_call_sim()
+    assert of(ev.OpenRound, sim.send(ev.JobStarted({"a": 4}))) == []
+    opened = of(ev.OpenRound, sim.advance(2.0))
+    assert [len(o.assignment) for o in opened] == [4]
+
+
+def test_no_last_call_before_min_nodes() -> None:
+    sim = last_call_sim()
+    assert of(ev.OpenRound, sim.send(ev.JobStarted({}))) == []
+    assert of(ev.OpenRound, sim.advance(100.0)) == []  # join_timeout (600 s) still runs
+    assert sim.state.phase is JobPhase.STARTING
+
+
 # --- a worker fails -------------------------------------------------------------------------
 def test_a_failure_breaks_the_round_and_cuts_at_once_leaving_its_host_alone() -> None:
     """The survivors meet --min-np (2) without it: they go on at once, and the slot's new

@@ -10,12 +10,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 
 from elasticrun.cli.machine import gpu_count
 from elasticrun.cli.torchrun import read_options, torchrun_cli
 from elasticrun.cli.torchrun_args import (
     Devices,
+    RdzvConf,
     TorchrunArgs,
     parse_endpoint,
     parse_local_ranks,
@@ -144,6 +146,10 @@ def test_every_spelling_sets_its_option(argv: list[str], dest: str, value: Any) 
     ("PET_MASTER_PORT", "23456", "master_port", 23456),
     ("PET_STANDALONE", "1", "standalone", True),
     ("PET_STANDALONE", "0", "standalone", False),
+    ("PET_STANDALONE", "2", "standalone", True),  # torchrun's check_env: bool(int(value))
+    ("PET_STANDALONE", " -1 ", "standalone", True),
+    ("PET_STANDALONE", "00", "standalone", False),
+    ("PET_STANDALONE", "true", "standalone", True),  # click's spellings besides
     ("PET_MODULE", "1", "module", True),
     ("PET_NO_PYTHON", "1", "no_python", True),
     ("PET_REDIRECTS", "3", "redirects", "3"),
@@ -155,6 +161,49 @@ def test_pet_variables_are_the_defaults(monkeypatch: pytest.MonkeyPatch, variabl
                                         value: str, dest: str, expected: Any) -> None:
     monkeypatch.setenv(variable, value)
     assert params("train.py")[dest] == expected
+
+
+# --- abbreviations: any unambiguous prefix of a long option, as torchrun's argparse ---------
+@pytest.mark.parametrize(("argv", "dest", "value"), [
+    (["--redirect", "3"], "redirects", "3"),
+    (["--redirect=3"], "redirects", "3"),
+    (["--nproc", "2"], "nproc_per_node", "2"),  # both spellings of one flag: not ambiguous
+    (["--nproc_per=2"], "nproc_per_node", "2"),
+    (["--stand"], "standalone", True),
+    (["--rdzv-e", "h:1"], "rdzv_endpoint", "h:1"),
+    (["--rdzv_c=is_host=1"], "rdzv_conf", "is_host=1"),
+    (["--max-r", "2"], "max_restarts", 2),
+    (["--logs", "default"], "logs_specs", "default"),
+    (["--log-d", "/l"], "log_dir", "/l"),  # torchrun's --log-dir wins over --log-level
+    (["--v"], "virtual_local_rank", True),  # torchrun's flag wins over --verbose
+    (["--coll", "9"], "collective_timeout", 9.0),  # elasticrun's own, by prefix too
+])
+def test_prefixes_name_their_option(argv: list[str], dest: str, value: Any) -> None:
+    got = params(*argv, "train.py", "--redirect", "--v")
+    assert got[dest] == value
+    assert got["script_args"] == ("--redirect", "--v")  # the script's own: untouched
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--n", "2"], "ambiguous option: --n could match --network-interface, --nnodes, "),
+    (["--r", "x"], "ambiguous option: --r could match --rdzv-backend, --rdzv-conf, "),
+    (["--hang", "1"], "--hang could match --hang-detection, --hang-timeout"),
+])
+def test_ambiguous_prefixes_are_refused_naming_the_options(argv: list[str], says: str) -> None:
+    with pytest.raises(click.UsageError) as info:
+        params(*argv, "train.py")
+    assert says in info.value.format_message()
+
+
+def test_logs_specs_default_is_torchruns_own() -> None:
+    assert parsed("--logs-specs", "default", "t.py") == parsed("t.py")
+
+
+def test_line_prefix() -> None:
+    """torchrun's form prefixes a teed line as torchrun does, or as its variable says."""
+    assert parsed("t.py").settings.line_prefix == "[${role_name}${local_rank}]:"
+    environ = {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${rank}]: "}
+    assert parsed("t.py", environ=environ).settings.line_prefix == "[rank${rank}]: "
 
 
 def test_a_flag_on_the_command_line_beats_its_pet_variable(
@@ -259,25 +308,41 @@ def test_local_ranks_filter() -> None:
         parse_local_ranks("0,a")
 
 
-@pytest.mark.parametrize(("value", "join", "is_host", "token_file"), [
-    ("", None, None, None),
-    ("join_timeout=900", 900.0, None, None),
-    ("is_host=1", None, True, None),
-    ("is_host=false, read_timeout=60", None, False, None),
+@pytest.mark.parametrize(("value", "join", "last_call", "is_host", "token_file"), [
+    ("", None, None, None, None),
+    ("join_timeout=900", 900.0, None, None, None),
+    ("is_host=1", None, None, True, None),
+    ("is_host=false, read_timeout=60", None, None, False, None),
     ("agent_token_file=/t,timeout=5,last_call_timeout=3,close_timeout=9,keep_alive_interval=5,"
-     "keep_alive_max_attempt=3,use_libuv=0", None, None, Path("/t")),
+     "keep_alive_max_attempt=3,use_libuv=0", None, 3.0, None, Path("/t")),
 ])
-def test_rdzv_conf(value: str, join: float | None, is_host: bool | None,
-                   token_file: Path | None) -> None:
-    conf = parse_rdzv_conf(value)
-    assert (conf.join_timeout, conf.is_host, conf.agent_token_file) == (join, is_host, token_file)
+def test_rdzv_conf(value: str, join: float | None, last_call: float | None,
+                   is_host: bool | None, token_file: Path | None) -> None:
+    conf, notes = parse_rdzv_conf(value)
+    assert (conf.join_timeout, conf.last_call_timeout, conf.is_host, conf.agent_token_file) \
+        == (join, last_call, is_host, token_file)
+    assert notes == []
+
+
+def test_rdzv_conf_ignores_what_torchrun_ignores_naming_it() -> None:
+    """torchrun hands --rdzv-conf to its backend, which reads the keys it knows: quotes
+    that no shell stripped make keys of their own (`'join_timeout`), and a value of a key
+    the backend never reads (`timeout=5'`) is no error."""
+    conf, notes = parse_rdzv_conf("'join_timeout=5,last_call_timeout=1,timeout=5'")
+    assert conf == RdzvConf(last_call_timeout=1.0)
+    assert len(notes) == 1 and notes[0].startswith("--rdzv-conf 'join_timeout: ")
+    assert "ignored" in notes[0]
+    _, notes = parse_rdzv_conf("store_type=file,nope=1")
+    assert [note.split(":")[0] for note in notes] == ["--rdzv-conf store_type",
+                                                       "--rdzv-conf nope"]
 
 
 @pytest.mark.parametrize(("value", "says"), [
-    ("store_type=file", "unknown key"), ("nope=1", "unknown key"), ("is_host", "KEY=VALUE"),
-    ("join_timeout=", "KEY=VALUE"), ("join_timeout=x", "whole number"),
+    ("is_host", "KEY=VALUE"), ("join_timeout=", "KEY=VALUE"),
+    ("join_timeout=x", "whole number"), ("last_call_timeout=1s", "whole number"),
     ("join_timeout=0", "positive"), ("is_host=maybe", "1/0")])
 def test_rdzv_conf_refused(value: str, says: str) -> None:
+    """Values of keys the backend reads are checked as torch checks them."""
     with pytest.raises(ConfigError, match=says):
         parse_rdzv_conf(value)
 
@@ -341,7 +406,7 @@ def test_own_options_are_kept_for_the_driver() -> None:
     (["--duplicate-stderr-filters", "a"], "--duplicate-stderr-filters"),
     (["--nproc-per-node", "xpu"], "xpu"),
     (["--nnodes", "0"], "--nnodes"),
-    (["--rdzv-conf", "bogus=1"], "unknown key"),
+    (["--logs-specs", "mine"], "--logs-specs 'mine'"),
     (["--no-python", "-m"], "--no-python and -m"),
     (["--shutdown-timeout", "-1"], "--shutdown-timeout"),
     (["-r", "7"], "-r/--redirects"),

@@ -60,6 +60,9 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     (["--", "train.py"], {}, TORCHRUN),
     (["--", "python", "x.py"], {}, HOROVODRUN),
     (["-np", "2", "python", "--nproc-per-node", "x.py"], {}, HOROVODRUN),  # the script's own
+    (["--stand", "x"], {}, TORCHRUN),  # torchrun's prefixes, as torchrun takes them
+    (["--nproc=2", "x"], {}, TORCHRUN),
+    (["--redirect", "3", "python", "x"], {}, TORCHRUN),
     (["--help"], {}, HOROVODRUN),
     ([], {}, HOROVODRUN),
 ])
@@ -156,13 +159,14 @@ def test_verbose_in_torchruns_form(monkeypatch: pytest.MonkeyPatch) -> None:
     (["--duplicate-stdout-filters", "a", "t.py"], "--duplicate-stdout-filters"),
     (["--nproc-per-node", "xpu", "t.py"], "xpu"),
     (["--standalone", "--nnodes", "2", "t.py"], "--standalone"),
-    (["--rdzv-conf", "x=1", "t.py"], "--rdzv-conf"),
+    (["--rdzv-conf", "join_timeout=x", "t.py"], "--rdzv-conf join_timeout"),
+    (["--n", "2", "t.py"], "ambiguous option: --n could match"),
     (["--nnodes", "x", "t.py"], "--nnodes"),
     (["--max-restarts", "-1", "t.py"], "--max-restarts"),
     (["--nproc-per-node", "2"], "SCRIPT"),
     (["-np", "2", "--nproc-per-node", "2", "t.py"], "-np is elasticrun's own form's"),
     (["--standalone", "--hostfile", "h", "t.py"], "use one form"),
-    (["--master-port", "0", "--nnodes", "2", "t.py"], "--master-port"),
+    (["--master-port", "0", "--nnodes", "2", "t.py"], "cannot know which port"),
     (["--nnodes", "2", "--rdzv-endpoint", "h:99999", "--rdzv-backend", "c10d", "t.py"],
      "--rdzv-endpoint"),
 ])

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from elasticrun.agent.runner import REFUSED_EXIT
 from elasticrun.cli import machine
+from elasticrun.cli.node_claim import bind_endpoint
 from elasticrun.cli.torchrun import read_options, torchrun_cli
 from elasticrun.cli.torchrun_args import Devices, TorchrunArgs
 from elasticrun.cli.torchrun_launch import (
@@ -29,6 +31,7 @@ from elasticrun.cli.torchrun_plan import (
     decide_hosting,
     derived_token,
     node_agent_settings,
+    node_result,
     nodes_driver_config,
     plan,
 )
@@ -155,6 +158,18 @@ def test_the_driver_of_several_nodes() -> None:
     assert config.agent_token == TOKEN and config.start_timeout == 600.0
     assert config.max_restarts == 1 and config.stop_grace_period == 8.0
     assert config.torchrun.run_id == "job9" and config.driver_timeout == 40.0
+    assert config.last_call == 30.0  # torchrun's last_call_timeout: MIN nodes, then more
+
+
+@pytest.mark.parametrize(("argv", "last_call"), [
+    (["--nnodes", "2"], None),  # MIN = MAX: it starts with them
+    (["--nnodes", "1:2"], 30.0),
+    (["--nnodes", "1:2", "--rdzv-conf", "last_call_timeout=2"], 2.0)])
+def test_the_last_call(argv: list[str], last_call: float | None) -> None:
+    args = parsed(*argv, "--rdzv-backend", "c10d", "--rdzv-endpoint", "n1:5", "t.py")
+    nodes = plan(args)
+    assert isinstance(nodes, Nodes)
+    assert nodes_driver_config(args, nodes, "127.0.0.1", TOKEN).last_call == last_call
 
 
 def test_each_nodes_agent() -> None:
@@ -183,6 +198,15 @@ def test_the_hosting_nodes_child_agent_keeps_its_token_off_the_command_line() ->
     assert argv[argv.index("--slots") + 1] == "4"
 
 
+@pytest.mark.parametrize(("job", "agent", "code"), [
+    (0, 0, 0), (1, 1, 1), (0, REFUSED_EXIT, REFUSED_EXIT), (1, REFUSED_EXIT, 1),
+    (0, -9, 0)])  # killed after the job's end, its workers ran
+def test_a_hosting_node_whose_agent_was_refused_never_exits_0(job: int, agent: int,
+                                                              code: int) -> None:
+    got, why = node_result(job, agent)
+    assert got == code and (why is not None) == (job == 0 and agent == REFUSED_EXIT)
+
+
 # --- who hosts ----------------------------------------------------------------------------
 def free_port() -> int:
     with socket.socket() as sock:
@@ -206,9 +230,15 @@ def test_own_address_is_one_a_socket_binds_to() -> None:
     assert machine.resolve("no-such-host.invalid") == []
 
 
-def test_port_taken(listening: int) -> None:
-    assert machine.port_taken("127.0.0.1", listening)
-    assert not machine.port_taken("127.0.0.1", free_port())
+def test_bind_endpoint(listening: int) -> None:
+    """The launcher that binds the endpoint hosts the job; one that finds it held joins."""
+    assert bind_endpoint("127.0.0.1", listening) is None
+    sock = bind_endpoint("127.0.0.1", free_port())
+    assert sock is not None
+    with sock:
+        assert bind_endpoint("127.0.0.1", sock.getsockname()[1]) is None
+    with pytest.raises(OSError):
+        bind_endpoint("192.0.2.1", free_port())  # TEST-NET-1: not this machine's
 
 
 @pytest.mark.parametrize(("hosting", "own", "taken", "driver"), [
@@ -234,7 +264,10 @@ def test_hosting_with_real_sockets(listening: int, endpoint: str, held: bool,
                                    driver: bool) -> None:
     port = listening if held else free_port()
     own = machine.own_address(machine.resolve(endpoint))
-    taken = machine.port_taken(own or "0.0.0.0", port) if own else False
+    bound = bind_endpoint(own, port) if own else None
+    taken = own is not None and bound is None
+    if bound is not None:
+        bound.close()
     assert decide_hosting(Nodes(endpoint, port, None, 600.0), own, taken).driver is driver
 
 

@@ -61,6 +61,16 @@ def test_every_worker_gets_torchruns_environment_for_its_round() -> None:
     assert "CUDA_VISIBLE_DEVICES" not in env
 
 
+@pytest.mark.parametrize(("nodes_of", "expected"), [
+    (None, "/logs/j_x/attempt_2/1/error.json"),  # one node: torchrun's own layout
+    (2, "/logs/j_x/h1/attempt_2/1/error.json")])  # several: each node's under its name
+def test_the_error_file_under_a_log_dir(nodes_of: int | None, expected: str) -> None:
+    settings = replace(SETTINGS, error_dir=Path("/logs/j_x"), torchrun=TorchrunSettings(
+        log_dir=Path("/logs"), nodes_of=nodes_of))
+    env = job_env(settings, "w", Placed(_info(2), restarts=2), "a", 1, {})
+    assert env["TORCHELASTIC_ERROR_FILE"] == expected
+
+
 def test_virtual_local_rank_gives_each_worker_device_0_of_its_own() -> None:
     settings = replace(SETTINGS, torchrun=TorchrunSettings(virtual_local_rank=True))
     env = job_env(settings, "w", Placed(_info(2)), "a", 1, {})

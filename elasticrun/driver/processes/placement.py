@@ -39,7 +39,8 @@ class Placement:
         self._first_remote = remote[0] if remote else None
         self.all_local = not self._config.dynamic_hosts and not remote
         if not self.all_local:
-            self._lookups.start([*remote, socket.gethostname()])
+            self._lookups.start([*(h for h in remote if not self._placed(h)),
+                                 socket.gethostname()])
 
     async def ready(self, host: str, round_hosts: Sequence[str] = ()) -> None:
         """Waits (each lookup bounded) until address_for(host) and master_endpoint() of a
@@ -53,10 +54,18 @@ class Placement:
         needed = [host if not self.is_local(host) else self._first_remote,
                   self._round[1], socket.gethostname()]
         for name in dict.fromkeys(name for name in needed if name is not None):
-            await self._lookups.address(name)
+            if not self._placed(name):
+                await self._lookups.address(name)
 
     def is_local(self, host: str) -> bool:
         return is_local_host(host, self._local_names)
+
+    def _placed(self, host: str) -> bool:
+        """The launcher knows where `host` is (an agent's connection says it): its name,
+        which may be no host name at all (torchrun's nodes: a launcher's), is not looked
+        up."""
+        where = getattr(self._launcher, "host_address", None)
+        return where is not None and where(host) is not None
 
     def address_for(self, host: str) -> str:
         """The driver's address as `host` should dial it: the launcher's answer if it has

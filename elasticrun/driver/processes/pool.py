@@ -84,12 +84,13 @@ class WorkerPool:
         process = await self._launcher.start(WorkerSpec(
             worker_id, slot.host, settings.command, settings.working_dir, env,
             settings.launcher_env))
-        self.adopt(worker_id, slot, process)
+        self.adopt(worker_id, slot, process, placed.restarts)
 
-    def adopt(self, worker_id: str, slot: SlotId, process: WorkerProcess) -> None:
+    def adopt(self, worker_id: str, slot: SlotId, process: WorkerProcess,
+              attempt: int = 0) -> None:
         """Watches `process` as this pool's (one it started, or one a resumed driver takes
         back): its output is forwarded, its exit reported, it is stopped when told."""
-        record = WorkerProcessRecord(worker_id, slot, process)
+        record = WorkerProcessRecord(worker_id, slot, process, attempt)
         self._processes[worker_id] = record
         record.watcher = asyncio.get_running_loop().create_task(self._watch(record))
 
@@ -97,11 +98,12 @@ class WorkerPool:
         process = record.process
         rank = lambda: self._rank_of(record.id)  # noqa: E731 - its rank changes with rounds
         local_rank = record.slot.index  # a slot's index on its host is its local rank
+        place = (record.slot.host, record.attempt)
         pumps = [
             asyncio.create_task(self._output.pump(process.stdout, "stdout", rank,
-                                                  local_rank=local_rank)),
+                                                  local_rank=local_rank, place=place)),
             asyncio.create_task(self._output.pump(process.stderr, "stderr", rank,
-                                                  record.stderr_tail, local_rank)),
+                                                  record.stderr_tail, local_rank, place)),
         ]
         code = await process.wait()
         _, pending = await asyncio.wait(pumps, timeout=PUMP_DRAIN_S)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from elasticrun import protocol
 from elasticrun.config import TorchrunSettings
-from elasticrun.driver.processes.output import new_tail
+from elasticrun.driver.processes.output import attempt_directory, new_tail
 from elasticrun.driver.rounds.assignment import SlotId
 from elasticrun.launch.base import WorkerProcess
 from elasticrun.protocol import SlotInfo
@@ -37,6 +37,7 @@ class WorkerProcessRecord:
     id: str
     slot: SlotId
     process: WorkerProcess
+    attempt: int = 0  # its round's restart count when it started (TORCHELASTIC_RESTART_COUNT)
     exit_code: int | None = None
     stderr_tail: deque[str] = field(default_factory=new_tail)
     watcher: asyncio.Task[None] | None = None
@@ -160,9 +161,16 @@ def torchrun_env(settings: EnvSettings, placed: Placed) -> dict[str, str]:
 
 
 def error_file(settings: EnvSettings, placed: Placed) -> Path:
-    """Where torchrun's @record writes a worker's uncaught exception: one file per run,
-    attempt and rank, in a directory that exists (the worker's foothold makes it on its host
-    if need be, reads the file when the script fails, and tells the driver)."""
+    """Where torchrun's @record writes a worker's uncaught exception: under --log-dir, in
+    torchrun's layout (`attempt_<K>/<local rank>/error.json` of the run's directory); else
+    one file per run, attempt and rank in the temporary directory. The worker's foothold
+    makes its directory on its host if need be, reads the file when the script fails, and
+    tells the driver."""
+    torchrun = settings.torchrun
+    if torchrun.log_dir is not None:
+        node = placed.info.hostname if torchrun.nodes_of is not None else None
+        return attempt_directory(settings.error_dir, node, placed.restarts,
+                                 placed.info.local_rank) / "error.json"
     run = _UNSAFE.sub("_", settings.run_id)
     return settings.error_dir / (f"torchelastic-error-{run}-attempt{placed.restarts}"
                                  f"-rank{placed.info.rank}.json")

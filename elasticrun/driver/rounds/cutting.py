@@ -44,9 +44,25 @@ def try_start(step: Step, waited_out: bool) -> None:
     refusal = start_refusal(config, available, state.hosts, waited_out)
     if refusal is not None:
         step.fail(refusal)
+    elif available >= config.np and _last_call(step, available):
+        return
     elif available >= config.np or waited_out or not config.dynamic_hosts:
         state.phase = JobPhase.RECOVERING
         cut(step)
+
+
+def _last_call(step: Step, available: int) -> bool:
+    """torchrun's last call (--rdzv-conf last_call_timeout): once -np slots are there, the
+    first round waits that long for more, up to --max-np, before it starts. True: wait."""
+    state, config = step.state, step.config
+    if config.last_call is None or (config.max_np is not None and available >= config.max_np):
+        return False
+    if state.last_call_until is None:
+        state.last_call_until = step.now + config.last_call
+        step.timer(TimerKind.LAST_CALL, state.last_call_until)
+        step.log("info", f"{available} slot(s) joined; the first round waits up to "
+                         f"{config.last_call:g}s for more (--rdzv-conf last_call_timeout)")
+    return step.now < state.last_call_until
 
 
 def cut(step: Step) -> None:

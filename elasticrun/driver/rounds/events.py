@@ -34,6 +34,7 @@ class TimerKind(enum.Enum):
     FORMING = "forming"  # `round` not settled yet: what its laggards' hosts say (liveness.py)
     RESUME_BOUND = "resume_bound"  # a resumed driver stops waiting for workers to come back
     RESTART_STOPPED = "restart_stopped"  # a restarted round's members had their time to stop
+    LAST_CALL = "last_call"  # torchrun's last call: the first round starts with what joined
 
 
 @dataclass(frozen=True)

@@ -319,6 +319,8 @@ def _timer_fired(step: Step, event: TimerFired) -> None:
             cutting.cut(step)
     elif kind is TimerKind.START_DEADLINE:
         cutting.try_start(step, waited_out=True)
+    elif kind is TimerKind.LAST_CALL:
+        cutting.try_start(step, waited_out=False)
     elif kind is TimerKind.CAPACITY_DEADLINE:
         if state.capacity_deadline is not None:
             cutting.cut(step)

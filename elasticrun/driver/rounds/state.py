@@ -170,6 +170,7 @@ class JobState:
     round: Round | None = None
     cut_at: float | None = None  # when the next round is cut (failures are collected first)
     capacity_deadline: float | None = None  # --elastic-timeout, while short of --min-np
+    last_call_until: float | None = None  # the first round waits for more slots until then
     sync_grace_until: float | None = None  # reports of a completed sync may be on their way
     resets: dict[str, ResetRequest] = field(default_factory=dict)
     notice_seq: int = 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import socket
 import time
 from collections.abc import Callable, Iterable, Sequence
 
@@ -73,12 +74,13 @@ class WorkerServer:
 
     # --- lifecycle ------------------------------------------------------------------------
     async def start(self, host: str | Sequence[str], port: int = 0,
-                    extra_routes: Iterable[web.RouteDef] = (), port_wait_s: float = 0.0
-                    ) -> int:
+                    extra_routes: Iterable[web.RouteDef] = (), port_wait_s: float = 0.0,
+                    listening: socket.socket | None = None) -> int:
         """Serves the worker endpoints, and `extra_routes` (which do their own auth), on
         one port of each address in `host`. `port_wait_s`: a port still in use is tried
         again for this long (a resumed driver's, just freed by the old one's death: the
-        kernel releases a dead process's sockets a moment after it is gone)."""
+        kernel releases a dead process's sockets a moment after it is gone). `listening`:
+        a socket bound and listening already, served for the first address."""
         hosts = [host] if isinstance(host, str) else list(host)
         pace_for_serving()
         app = web.Application(client_max_size=protocol.MAX_BODY_BYTES,
@@ -103,8 +105,9 @@ class WorkerServer:
         await self._runner.setup()
         deadline = time.monotonic() + port_wait_s
         while True:
-            site = web.TCPSite(self._runner, hosts[0], port, reuse_address=True,
-                               backlog=LISTEN_BACKLOG)
+            site: web.BaseSite = web.TCPSite(self._runner, hosts[0], port, reuse_address=True,
+                                             backlog=LISTEN_BACKLOG) if listening is None \
+                else web.SockSite(self._runner, listening)
             try:
                 await site.start()
                 break
