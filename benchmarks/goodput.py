@@ -12,7 +12,7 @@ step and world size:
 
   elasticrun     scripts/er_soak.py, Horovod-style (er.init, DistributedOptimizer,
                  TorchState, @er.elastic.run), state.commit() every step:
-                 elasticrun -np 4 --host-discovery-script HOSTS.sh [ELASTICRUN_DEV_FLAGS]
+                 elasticrun -np 4 --min-np 2 --host-discovery-script HOSTS.sh (ELASTIC_RANGE)
   elasticrun, torchrun script
                  scripts/goodput_ddp.py, plain DDP with its own disk checkpoint every
                  CHECKPOINT_EVERY = 10 steps (restart mode): the same line + --max-restarts 100
@@ -44,7 +44,7 @@ from goodput_faults import HOSTS, KINDS, PLAN, QUICK_PLAN, Plan
 from goodput_report import goodputs, plot, print_report, run_figures, summary
 from goodput_tools import (
     DEVICE_S,
-    ELASTICRUN_DEV_FLAGS,
+    ELASTIC_RANGE,
     MAX_RESTARTS,
     PARAMS,
     START_S,
@@ -141,5 +141,5 @@ def bench(trials: int, quick: bool) -> dict[str, Any]:
                 [(f.at_s, f.lasts_s, f.kind) for f in plan.schedule],
                 f"goodput{'-quick' if quick else ''}.png")
     return {"plan": asdict(plan), "launch_lines": lines,
-            "elasticrun_dev_flags": list(ELASTICRUN_DEV_FLAGS), "summary": summaries,
+            "elasticrun_range": list(ELASTIC_RANGE), "summary": summaries,
             "trials": runs, "plot": str(path)}

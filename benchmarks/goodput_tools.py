@@ -37,11 +37,9 @@ TORCHRUN_RDZV_CONF = "last_call_timeout=1"  # on at 1 node without waiting 30 s 
 START_S = 180.0  # launch -> the first step at full size
 STOP_S = 30.0  # stop file -> every launcher gone
 POLL_S = 0.1
-# While a dead worker still fails its whole host (blacklisted for good), the Horovod-style job
-# ends at its first fault with elasticrun's defaults. The lead decides the final flags; the
-# target is the defaults: -np 4 and the discovery script alone (an empty tuple here).
-# "{one_host}": one host's slots (2; quick: 1).
-ELASTICRUN_DEV_FLAGS = ("--min-np", "{one_host}", "--blacklist-cooldown-range", "5", "10")
+# The elastic range torchrun gets with --nnodes 1:2: the job trains on one host while the
+# other is away, rather than wait for it. "{one_host}": one host's slots (2; quick: 1).
+ELASTIC_RANGE = ("--min-np", "{one_host}")
 
 
 class Tool(Protocol):
@@ -153,7 +151,7 @@ class Elasticrun:
 
     def arguments(self, slots: int, hosts_script: Path | str) -> list[str]:
         return ["-np", str(slots * len(HOSTS)), "--host-discovery-script", str(hosts_script),
-                *(flag.format(one_host=slots) for flag in ELASTICRUN_DEV_FLAGS), *self.args]
+                *(flag.format(one_host=slots) for flag in ELASTIC_RANGE), *self.args]
 
     def launch_line(self, slots: int) -> str:
         return " ".join(["elasticrun", *self.arguments(slots, "HOSTS.sh"), "python",
