@@ -53,6 +53,24 @@ def read_events(*paths: Path) -> list[dict[str, Any]]:
     return sorted(events, key=lambda e: e["time"])
 
 
+class Tail:
+    """The JSON lines a file gains, read as they come (the file may not exist yet)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = 0
+
+    def read(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        with self.path.open("rb") as file:
+            file.seek(self._offset)
+            chunk = file.read()
+        end = chunk.rfind(b"\n") + 1  # a line still being written waits for the next read
+        self._offset += end
+        return [json.loads(line) for line in chunk[:end].splitlines() if line]
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -133,13 +151,19 @@ class Jobs:
             elif progress and now - last_change > stall_s:
                 raise RuntimeError(f"{what} hung: no progress for {stall_s:g}s")
             time.sleep(0.2)
-        for proc, log in zip(self.procs, self.logs, strict=True):
+        for proc in self.procs:
             if proc.returncode != 0:
-                log.seek(0)
-                lines = [line for line in log.read().splitlines() if line.strip()]
-                errors = [line for line in lines if "Error" in line] or lines
                 raise RuntimeError(f"{what} failed (exit {proc.returncode}): "
-                                   f"{errors[-1].strip()[:300] if errors else ''}")
+                                   f"{self.error_line(proc)}")
+
+    def error_line(self, proc: subprocess.Popen[str], marker: str = "Error") -> str:
+        """The last line of the process's output that holds `marker` (else its last line);
+        the process has exited (its log is read from the start)."""
+        log = self.logs[self.procs.index(proc)]
+        log.seek(0)
+        lines = [line for line in log.read().splitlines() if line.strip()]
+        errors = [line for line in lines if marker in line] or lines
+        return errors[-1].strip()[:300] if errors else ""
 
     def __enter__(self) -> Jobs:
         return self
@@ -187,3 +211,13 @@ def tagged_pids(tag: str) -> list[int]:
             except OSError:
                 continue
     return found
+
+
+def survivors(tag: str, timeout: float = 10.0) -> list[int]:
+    """The processes still carrying the benchmark tag `tag` after `timeout` seconds of
+    SIGKILLing them (a killed process may take a moment to go)."""
+    deadline = time.monotonic() + timeout
+    while (left := tagged_pids(tag)) and time.monotonic() < deadline:
+        kill_tagged(tag)
+        time.sleep(0.1)
+    return left

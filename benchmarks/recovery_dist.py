@@ -33,7 +33,6 @@ with the remaining faults (at most MAX_JOBS jobs per size and kind).
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import random
 import signal
@@ -47,6 +46,7 @@ from typing import Any
 from benchlib import (
     SCRIPTS,
     Jobs,
+    Tail,
     bench_env,
     elasticrun_command,
     median,
@@ -71,24 +71,6 @@ POLL_S = 0.02
 PHASES = ("detection_s", "decision_s", "rendezvous_s", "sync_s", "first_step_s")
 
 Event = dict[str, Any]
-
-
-class Tail:
-    """The JSON lines a file gains, read as they come (the file may not exist yet)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._offset = 0
-
-    def read(self) -> list[Event]:
-        if not self.path.exists():
-            return []
-        with self.path.open("rb") as file:
-            file.seek(self._offset)
-            chunk = file.read()
-        end = chunk.rfind(b"\n") + 1  # a line still being written waits for the next read
-        self._offset += end
-        return [json.loads(line) for line in chunk[:end].splitlines() if line]
 
 
 @dataclass

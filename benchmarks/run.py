@@ -44,6 +44,12 @@ restart     a torchrun-style script (plain DDP with its own checkpoint at ~1M an
             broken down into stop, spawn, imports, rendezvous, set-up, checkpoint load.
 hostile     what outsiders can make a running driver spend: its RSS and CPU idle, under 40
             unsigned 4 MiB POSTs at a time, and with 1,000 half-header connections held.
+goodput     4 workers (2 hosts x 2 on loopback), ~1M parameters, 5 minutes under one fault
+            schedule (worker deaths, a hang, every worker lost, a host away and back):
+            goodput (steps the final model holds / a fault-free run's steps in the same
+            time), steps redone and time below full size per fault, for elasticrun with a
+            Horovod-style script, elasticrun with a torchrun script, and torchrun. Also
+            draws results/goodput.png.
 """
 
 from __future__ import annotations
@@ -75,6 +81,7 @@ BENCHMARKS = {
     "driver_restart": "driver_restart",
     "restart": "restart",
     "hostile": "hostile",
+    "goodput": "goodput",
 }
 
 

@@ -2,8 +2,9 @@
 model and loop, committing every step, until told to stop. The benchmark SIGKILLs or
 SIGSTOPs one of its processes at any moment, many times over.
 
-Env (besides model.py's BENCH_PARAMS and BENCH_OUT): BENCH_STOP_FILE (when it exists at a
-check, every STOP_EVERY steps, every rank stops there: rank 0 looks, and tells the others).
+Env (besides model.py's BENCH_PARAMS, BENCH_OUT and BENCH_DEVICE_S): BENCH_STOP_FILE (when
+it exists at a check, every STOP_EVERY steps, every rank stops there: rank 0 looks, and
+tells the others).
 Events, each with the worker's host (ELASTICRUN_HOSTNAME) and, once it has one, its rank,
 world size and round: "started", "joined" (its first round's group built; with the join's
 timings and the parameter count), "reset" (a later round's group built; the same timings),
@@ -20,7 +21,7 @@ import os  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from model import batch, build_model, emit, parameter_count  # noqa: E402
+from model import batch, build_model, device_time, emit, parameter_count  # noqa: E402
 
 import elasticrun.torch as er  # noqa: E402
 from elasticrun.torch.world import runtime  # noqa: E402
@@ -63,6 +64,7 @@ def main() -> None:
              step=state.step)
         while True:
             try:
+                device_time()
                 optimizer.zero_grad()
                 F.cross_entropy(model(data), target).backward()
                 optimizer.step()

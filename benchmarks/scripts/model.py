@@ -8,7 +8,8 @@ after that many steps at that world size), BENCH_DEVICE (cpu, or cuda: every wor
 the current GPU), BENCH_NCCL_HOST_PER_WORKER=1 (each worker its own NCCL host identity, so
 that several ranks can share one GPU over NCCL's sockets), BENCH_PROFILE (rank 0 writes
 torch profiler's tables of steps PROFILE_STEPS to this file, and their trace, for
-chrome://tracing or Perfetto, beside it with ".trace.json" added).
+chrome://tracing or Perfetto, beside it with ".trace.json" added), BENCH_DEVICE_S (see
+device_time; default 0).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ STEPS_AT_TARGET = int(os.environ.get("BENCH_STEPS_AT_TARGET", "5"))
 DEVICE = torch.device(os.environ.get("BENCH_DEVICE", "cpu"))
 if os.environ.get("BENCH_NCCL_HOST_PER_WORKER") == "1":
     os.environ["NCCL_HOSTID"] = f"elasticrun-bench-{os.getpid()}"
+DEVICE_S = float(os.environ.get("BENCH_DEVICE_S", "0"))
 PROFILE = os.environ.get("BENCH_PROFILE", "")
 PROFILE_STEPS = (30, 50)
 BATCH = 32
@@ -51,6 +53,14 @@ def build_model() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(IN_FEATURES, width), torch.nn.ReLU(),
                                torch.nn.Linear(width, width), torch.nn.ReLU(),
                                torch.nn.Linear(width, CLASSES)).to(DEVICE)
+
+
+def device_time() -> None:
+    """An accelerator's share of one step, as DEVICE_S seconds asleep: with more workers than
+    cores, a step's time then depends on the world size as it does where each worker has a
+    device of its own, not on how many processes share the cores."""
+    if DEVICE_S:
+        time.sleep(DEVICE_S)
 
 
 def batch(rank: int) -> tuple[torch.Tensor, torch.Tensor]:

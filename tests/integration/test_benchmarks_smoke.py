@@ -19,9 +19,10 @@ RESULTS = REPO / "benchmarks" / "results"
 pytestmark = pytest.mark.benchmark_smoke
 
 
-def run_quick(name: str, env: dict[str, str] | None = None) -> tuple[str, dict[str, Any]]:
+def run_quick(name: str, env: dict[str, str] | None = None, timeout: float = 280
+              ) -> tuple[str, dict[str, Any]]:
     proc = subprocess.run([sys.executable, "benchmarks/run.py", name, "--quick"], cwd=REPO,
-                          capture_output=True, text=True, timeout=280,
+                          capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **(env or {})})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout, json.loads((RESULTS / f"{name}-quick.json").read_text())
@@ -232,3 +233,44 @@ def test_hsdp(tmp_path: Path) -> None:
     [rejoin] = result["bc_rejoin"]["trials"]["0.1M"]["2"]
     assert 0 < rejoin["join_s"] < 60 and rejoin["shard_mib"] > 0, rejoin
     assert rejoin["commits"] >= 5 and 0 < rejoin["save_ms"] <= rejoin["commit_ms"], rejoin
+
+
+def test_goodput_figures(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The goodput figures on made-up progress lines: 10 steps at 4, a fault at 10.5 s, a
+    rollback to step 8 and 4 steps at 2 in a new round, then 3 steps at 4 in another."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    from goodput_report import Line, fault_cost, kept
+
+    lines = [Line(float(t), t, 4, (1, 1)) for t in range(1, 11)]
+    lines += [Line(float(t), t - 3, 2, (1, 2)) for t in range(12, 16)]
+    lines += [Line(float(t), t - 3, 4, (1, 3)) for t in range(16, 19)]
+    assert [line.step for line in kept(lines, 18)] == list(range(1, 16))
+    assert sum(line.size for line in kept(lines, 18)) == 8 * 4 + 4 * 2 + 3 * 4
+    assert [line.step for line in kept(lines, 11)] == list(range(1, 9))  # 9, 10 rolled back
+    cost = fault_cost(lines, 10.5, 18.0, 4)
+    assert cost["redone_steps"] == 2  # reached 10, resumed from 8
+    assert cost["first_step_s"] == pytest.approx(1.5)
+    # the break (1.5 s), the steps at 2 (3 s), the break into the round at 4 (1 s)
+    assert cost["below_full_s"] == pytest.approx(5.5)
+
+
+def test_goodput() -> None:
+    """Quick mode: 2 workers, 10 s, a host away and back and every worker lost, under
+    elasticrun (Horovod-style) and torchrun, each also fault-free; the start-ups are most of
+    its time (longer on a loaded machine)."""
+    out, result = run_quick("goodput", timeout=480)
+    assert "goodput:" in out and "per fault" in out and "torchrun" in out
+    assert set(result["summary"]) == {"elasticrun", "torchrun"}
+    for tool, trials in result["trials"].items():
+        [trial] = trials
+        free, faulted = trial["fault_free"], trial["faulted"]
+        assert free["ended"] == "ok" and free["steps"] > 0 and free["below_full_s"] < 2, tool
+        assert trial["goodput"] == pytest.approx(faulted["steps"] / free["steps"])
+        assert 0 <= trial["samples_goodput"] <= 1.05, (tool, trial["samples_goodput"])
+        assert [f["fault"] for f in faulted["faults_injected"]] == \
+            ["host-away 127.0.0.2 for 3 s", "kill-all"], tool
+        assert len(faulted["faults"]) == 2 and len(faulted["series"]["t"]) == 10, tool
+    ours = result["trials"]["elasticrun"][0]
+    assert ours["faulted"]["ended"] == "ok" and 0 < ours["goodput"] <= 1.5, ours["faulted"]
+    assert all(f["time"] for f in ours["faulted"]["faults_injected"])
+    assert (RESULTS / "goodput-quick.png").read_bytes()[:4] == b"\x89PNG"
