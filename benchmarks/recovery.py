@@ -1,7 +1,7 @@
 """Recovery: 4 workers (2 hosts x 2 slots on loopback), one SIGKILLed mid-training.
 
-elasticrun: the survivors roll back to the last commit and go on in-process; the failed
-host is blacklisted, so training resumes with the 2 workers of the other host.
+elasticrun: the 3 survivors roll back to the last commit and go on in-process (--min-np 2);
+the dead worker's slot gets a new worker, which joins at a later commit.
 torchrun (c10d rendezvous, --max-restarts 3, default --monitor-interval): every worker
 is restarted and resumes from the last disk checkpoint, at the same world size of 4;
 two agents of 2 workers each. As shipped, torch 2.13's torchrun restarts fail (see

@@ -8,9 +8,8 @@ trial waits until the job is at 4 workers and rank 0 has done WARM_STEPS steps i
 round, then a random fraction of a step (so that faults land anywhere in a step), then
   kill  SIGKILLs the highest rank on the host that does not hold rank 0 (a crash);
   hang  SIGSTOPs it (elasticrun's hang detection finds it stopped and kills it).
-The failed host's workers leave, the 2 survivors roll back to their last commit and go
-on; the host is blacklisted for 1 s, then the driver starts 2 new workers there and the
-job grows back to 4 at a commit, where the next trial starts.
+The 3 survivors roll back to their last commit and go on; the dead worker's slot gets a new
+worker, and the job grows back to 4 at a commit, where the next trial starts.
 
 Per trial, from the fault's time (taken just before the signal) and the events' wall-clock
 times (the driver's --event-log, the workers' events):

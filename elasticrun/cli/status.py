@@ -62,18 +62,21 @@ def format_status(status: dict[str, Any]) -> str:
     if blacklist:
         lines.append("blacklisted:")
         for entry in blacklist:
-            left = entry.get("cooldown_left_s")
-            until = "permanently" if left is None else f"for another {left:.0f}s"
-            lines.append(f"  {entry.get('host')}  {entry.get('failures')} failure(s), {until}")
+            lines.append(f"  {entry.get('host')}  {entry.get('failures')} failure(s), "
+                         f"{_until(entry)}")
     slots = status.get("blacklisted_slots") or []
     if slots:
         lines.append("blacklisted slots:")
         for entry in slots:
-            left = entry.get("cooldown_left_s")
-            until = "permanently" if left is None else f"for another {left:.0f}s"
             lines.append(f"  {entry.get('host')}[{entry.get('slot')}]  "
-                         f"{entry.get('failures')} time(s), {until}")
+                         f"{entry.get('failures')} time(s), {_until(entry)}")
     return "\n".join(lines)
+
+
+def _until(entry: dict[str, Any]) -> str:
+    """How long a blacklist entry lasts, from its cooldown_left_s (None: permanently)."""
+    left = entry.get("cooldown_left_s")
+    return "permanently" if left is None else f"for another {left:.0f}s"
 
 
 def _ranks(ranks: list[int]) -> str:

@@ -72,9 +72,9 @@ def test_new_workers_survive_a_peer_lost_while_their_group_is_built(tmp_path: Pa
 
 def test_rank_0_stays_with_the_committed_state_when_a_failed_host_returns(
         tmp_path: Path) -> None:
-    """The first host fails; the job waits (below --min-np) until its cooldown ends and
-    it returns with a fresh worker. The survivor, not the fresh worker, becomes rank 0, so
-    training resumes from the commit. (Found by the chaos soak: state was lost.)"""
+    """Rank 0 exits; the job waits (below --min-np) for its slot's new worker. The survivor,
+    not the new worker, becomes rank 0, so training resumes from the commit. (Found by the
+    chaos soak, when a failed host came back with a fresh worker: state was lost.)"""
     env = {"TRAIN_SAMPLES": "32", "TRAIN_EPOCHS": "3", "TRAIN_BATCH": "4",
            "LOG_DIR": str(tmp_path), "FAULTS": "5:0:exit"}
     proc, tag = start_job(["-H", "localhost:1,127.0.0.1:1", "--min-np", "2",
@@ -84,7 +84,7 @@ def test_rank_0_stays_with_the_committed_state_when_a_failed_host_returns(
     assert proc.returncode == 0, err[-3000:]
     assert_no_orphans(tag)
     views = check_job(list(read_records(tmp_path)), samples=32, epochs=3)
-    assert [v.size for v in views] == [2, 2]
+    assert [v.size for v in views] == [2, 2], err[-6000:]
     assert views[1].hosts_by_rank[0] == "127.0.0.1" and views[1].resume_step == 4
 
 

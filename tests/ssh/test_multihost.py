@@ -268,7 +268,7 @@ if step >= 3:
                      tmp_path / "logs")
     assert_ok(result)
     views = check_job(result.records, samples=64, epochs=4)
-    assert [v.size for v in views] == [2, 4]
+    assert [v.size for v in views] == [2, 4], result.stderr[-6000:]
     assert views[-1].hosts_by_rank == {0: H1, 1: H1, 2: H3, 3: H3}
     # The H1 workers kept their processes across the scale-up.
     assert set(views[0].ranks_by_pid) <= set(views[1].ranks_by_pid)
