@@ -13,7 +13,7 @@ A trial: the job trains on host A (2 workers, ~1M parameters, a commit every ste
 - grow: B appears -> the first completed step at world size 4 (launch, the new workers'
   interpreter and torch import, the rendezvous, the state sync);
 - resume: one of B's workers is SIGKILLed -> the first completed step after recovery
-  (the survivors on A go on in-process).
+  (the 3 survivors go on in-process; the dead worker's slot gets a new worker).
 The namespaces need root; without it, `local` and agents on loopback run. --quick: agents
 on loopback, a tiny model.
 """
@@ -157,17 +157,25 @@ def trial(setup: Setup, params: float, tmp: Path) -> dict[str, float]:
             raise RuntimeError(f"no worker of host {setup.host_b} found")
         killed = time.time()
         os.kill(victims[0], signal.SIGKILL)
-        _wait(out, jobs, "the resume", lambda ev: any(
-            e["event"] == "step" and e["time"] > killed and e["size"] == 2 for e in ev))
+        _wait(out, jobs, "the resume", lambda ev: _resumed(ev, killed) is not None)
     events = read_events(out)
     started = min(e["at"] for e in events if e["event"] == "started" and e["at"] > appeared)
     grown = min(e["time"] for e in events if e["event"] == "step" and e["size"] == 4)
-    # The step in flight at the kill may still complete (the victim had sent its part):
-    # the resume is the first step of the new round, at 2 workers.
-    resumed = min(e["time"] for e in events if e["event"] == "step" and e["time"] > killed
-                  and e["size"] == 2)
+    resumed = _resumed(events, killed)
+    assert resumed is not None
     return {"launch_s": started - appeared, "grow_s": grown - appeared,
             "resume_s": resumed - killed}
+
+
+def _resumed(events: list[dict[str, Any]], killed: float) -> float | None:
+    """The first step of the round after the kill: after a survivor's "reset" (the step in
+    flight at the kill may still complete: the victim had sent its part). The round is the 3
+    survivors', or 4 when the slot's new worker was ready before it formed."""
+    resets = [e["time"] for e in events if e["event"] == "reset" and e["time"] > killed]
+    if not resets:
+        return None
+    return min((e["time"] for e in events if e["event"] == "step" and e["time"] > min(resets)),
+               default=None)
 
 
 def _steps(events: list[dict[str, Any]], size: int) -> int:

@@ -101,6 +101,23 @@ def test_with_no_worker_alive_the_round_opens_at_the_cut() -> None:
     assert sim.state.sync_grace_until is None
 
 
+def test_new_workers_already_started_in_the_lost_slots_do_not_hold_the_restart() -> None:
+    """Every worker dies one after another (a node's kill-all): the first deaths' slots get
+    new workers, alive and starting. They never joined a round, so no sync report of theirs
+    can be in flight: the restart is decided at the cut, not SYNC_REPORT_WAIT_S later."""
+    sim = _one_host()
+    first, second = sim.members()
+    sim.send(ev.WorkerExited(first.id, -9))
+    sim.started(sim.advance(FAILURE_COLLECTION_S))  # round 2 (min_np 1), and a new worker
+    sim.send(ev.WorkerExited(second.id, -9))  # before round 2 was through its rendezvous
+    assert any(w.alive and w.joined_round == 0 for w in sim.state.workers.values())
+    cut_at = sim.now
+    opened = of(ev.OpenRound, sim.advance(FAILURE_COLLECTION_S))
+    assert [o.number for o in opened] == [3] and sim.now == cut_at + FAILURE_COLLECTION_S
+    assert sim.state.sync_grace_until is None
+    assert len(_total_loss(sim.log)) == 1
+
+
 def test_with_a_worker_still_stopping_the_restart_waits_for_late_sync_reports() -> None:
     sim = Sim(config(np=2, min_np=2, shard_size=2))  # one replica group: its peer stops
     sim.running(ONE_HOST)

@@ -132,10 +132,10 @@ def _without_refills(step: Step, target: Assignment) -> Assignment:
 
 def _awaiting_sync_reports(step: Step) -> bool:
     """No live worker seems to hold the committed state: True while reports of workers that
-    synced just before the failure may still be in flight (none can be once no worker of the
-    job is alive)."""
+    synced just before the failure may still be in flight (none can be once no worker that
+    joined a round is alive: a new worker still starting, a slot's refill, never synced)."""
     state, now = step.state, step.now
-    anyone_alive = any(w.alive for w in state.workers.values())
+    anyone_alive = any(w.alive and w.joined_round > 0 for w in state.workers.values())
     if state.sync_grace_until is None and anyone_alive:
         state.sync_grace_until = now + SYNC_REPORT_WAIT_S
         step.timer(TimerKind.SYNC_REPORTS_DUE, state.sync_grace_until)
