@@ -376,6 +376,24 @@ def test_new_hosts_start_standbys_and_notify_only_when_all_checked_in() -> None:
         ev.PostNotice(1, HostUpdateResult.added)]
 
 
+@pytest.mark.parametrize("late", [0, 1, 2, 3])
+def test_an_unchanged_poll_while_syncs_are_reported_notifies_nobody(late: int) -> None:
+    """Round 1's members report their syncs one by one; a discovery poll (unchanged) lands
+    while one report is still on its way. The holders-first order of the round the hosts give
+    differs from round 1's for that moment, but the slots are the same: no notice, no new
+    round. (CI saw the job re-form its first round at its first commit.)"""
+    sim = Sim(config(np=4, min_np=2))
+    sim.start({"a": 2, "b": 2})
+    sim.join_all()
+    members = sorted(sim.members(), key=lambda w: w.rank)
+    for worker in members[:late] + members[late + 1:]:
+        sim.send(ev.WorkerSynced(worker.id, 1))
+    actions = sim.send(ev.HostsFound({"a": 2, "b": 2}))
+    assert of(ev.PostNotice, actions) == [] and of(ev.Spawn, actions) == []
+    sim.send(ev.WorkerSynced(members[late].id, 1))
+    assert of(ev.PostNotice, sim.log) == []
+
+
 def test_a_standby_that_never_checks_in_fails_at_the_init_timeout() -> None:
     sim = Sim(config(np=2, max_np=4, init_timeout=300.0))
     sim.running({"a": 2})

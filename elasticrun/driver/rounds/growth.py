@@ -32,8 +32,8 @@ def plan(step: Step) -> None:
     replica_groups.note_left_over(step)
     capacity = planner.capacity(state, config.max_np, config.shard_size, step.now)
     if restarts.plain(state):  # no standbys: the round starts over on the new hosts
-        if capacity < config.min_np or planner.desired(
-                state, config.max_np, config.shard_size, step.now) != current.assignment:
+        if capacity < config.min_np or not _same_slots(planner.desired(
+                state, config.max_np, config.shard_size, step.now), current.assignment):
             step.request_cut(0.0)
         return
     if capacity < config.min_np:
@@ -43,7 +43,7 @@ def plan(step: Step) -> None:
     unwanted = [w for wid in growth.ids if (w := state.workers.get(wid)) is not None
                 and w.slot not in target]
     step.stop_workers(unwanted)
-    if target == current.assignment:
+    if _same_slots(target, current.assignment):
         growth.target = None
         return
     growth.target = target
@@ -60,6 +60,14 @@ def plan(step: Step) -> None:
         step.spawn(Spawn(worker.id, slot, target, standby=True, round=current.number + 1,
                          restarts=state.restarts), occupants.get(slot))
     notify_if_ready(step)
+
+
+def _same_slots(target: Assignment, current: Assignment) -> bool:
+    """Whether `target` is the current round over again. Ranks alone never make a new round:
+    while a round's members report their syncs, the holders-first order of the round the
+    hosts give can differ from the current one for a moment, and no training should stop
+    for that."""
+    return target.keys() == current.keys()
 
 
 def _short_of_slots(step: Step, capacity: int) -> None:
