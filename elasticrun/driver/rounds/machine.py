@@ -65,8 +65,8 @@ from elasticrun.driver.rounds.step import Step
 class RoundMachine:
     def __init__(self, config: DriverConfig, new_worker_id: Callable[[SlotId], str],
                  rng: random.Random | None = None, elastic_scripts: bool = False) -> None:
-        """`elastic_scripts`: the job's script is known to call er.init() (it imports
-        elasticrun: processes/script_kind.py), so no round of it is in restart mode."""
+        """`elastic_scripts`: the job's script is known to call er.init() (its text calls
+        it: processes/script_kind.py), so no round of it is in restart mode."""
         self.config = config
         self.state = JobState(HostRegistry(config.blacklist_cooldown, rng),
                               elastic_scripts=elastic_scripts)

@@ -11,10 +11,10 @@ machine would have none left. A host that cannot start workers still fails. A ch
 the hosts within the job's limits restarts the round too, without counting, as torchrun
 restarts its workers when a node joins or leaves.
 
-A job's rounds are plain until its script is known to call er.init(): it imports
-elasticrun (read before the job starts: processes/script_kind.py), or one of its workers
-calls er.init() (its foothold says so) or asks to join. Such scripts keep in-process
-recovery (machine.py, cutting.py).
+A job's rounds are plain until its script is known to call er.init(): one of its workers
+calls it (its foothold says so) or asks to join, or, before any has run, the script's text
+calls it (processes/script_kind.py; an import of elasticrun alone, an integration's or a
+helper's, never decides). Such scripts keep in-process recovery (machine.py, cutting.py).
 """
 
 from __future__ import annotations
