@@ -9,6 +9,7 @@ few steps (so that load from outside this benchmark hits all alike): "hooks" (ov
 each bucket's allreduce starts from the gradient hooks while backward runs), "no hooks"
 (overlap=False: every allreduce starts at step()) and "fp16" (hooks, and
 Compression.fp16), each committing a TorchState every 10 steps as an elastic script does,
+"every step" (hooks, committing every step, host snapshots on as by default),
 and "DDP here" (plain DDP on the same job's Gloo group, no commits); then one torchrun job
 trains as many copies of each model with plain DDP (Gloo), taking turns the same way, so
 that both jobs hold the same memory and switch between models alike (a torchrun job with
@@ -44,10 +45,10 @@ from benchlib import (
 )
 
 WORKER = SCRIPTS / "optimizer_worker.py"
-ER_VARIANTS = ("hooks", "nohooks", "fp16", "ddp_here")
+ER_VARIANTS = ("hooks", "nohooks", "fp16", "ddp_here", "every_step")
 VARIANTS = ("ddp", *ER_VARIANTS)
 LABELS = {"ddp": "DDP", "hooks": "hooks", "nohooks": "no hooks", "fp16": "hooks+fp16",
-          "ddp_here": "DDP here"}
+          "ddp_here": "DDP here", "every_step": "hooks, commit every step"}
 MODELS = {
     "transformer": {"layers": 6, "d_model": 256, "heads": 4, "batch": 8, "seq": 32},
     "convnet": {"widths": [32] * 3 + [64] * 3 + [128] * 3 + [256] * 3, "batch": 16,
@@ -137,13 +138,14 @@ def print_tables(med: dict[str, Any], trials: int) -> None:
         rows.append([model, f"{m['hooks']['params'] / 1e6:.2f}M", rate["ddp"],
                      rate["ddp_here"], rate["nohooks"], rate["hooks"],
                      f"{rate['hooks'] / rate['ddp']:.2f}x",
-                     f"{m['hooks_vs_ddp_here']:.2f}x", f"{rate['nohooks'] / rate['ddp']:.2f}x"])
+                     f"{m['hooks_vs_ddp_here']:.2f}x", f"{rate['nohooks'] / rate['ddp']:.2f}x",
+                     rate["every_step"], f"{rate['every_step'] / rate['ddp']:.2f}x"])
     print_table(f"optimizer: 2 workers, samples/s, median of {trials} (hooks = "
                 "DistributedOptimizer(overlap=True), no hooks = overlap=False, both "
                 "committing every 10 steps; DDP under torchrun, and DDP here: in the same job, "
                 "taking turns with hooks)",
                 ["model", "params", "DDP", "DDP here", "no hooks", "hooks", "hooks/DDP",
-                 "hooks/DDP here", "no hooks/DDP"], rows)
+                 "hooks/DDP here", "no hooks/DDP", "every step", "every step/DDP"], rows)
     first = next(iter(med.values()))
     print(f"  (other processes took {first['hooks']['other_load']:.0%} of this machine's CPU "
           f"during the elasticrun jobs, {first['ddp']['other_load']:.0%} during the torchrun "

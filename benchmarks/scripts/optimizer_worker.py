@@ -9,7 +9,8 @@ overlap=True), "ddp_here" (plain DDP on the elasticrun round's Gloo group, in th
 a reference that shares every condition with the others); or "ddp" alone, once per copy
 of the model to train in turns, under torchrun).
 elasticrun's variants commit a TorchState every BENCH_SPEC["commit_every"] of their steps,
-inside the timed step, as an elastic training script does.
+inside the timed step, as an elastic training script does; "every_step" is "hooks"
+committing at every step (host snapshots on, as by default).
 Events (rank 0): "measured" per model and variant, with the measured steps' durations (and
 their forward+backward and step() parts) and, for elasticrun, the allreduces of one more
 step (dtype and element count of each); "done".
@@ -128,7 +129,7 @@ class Trainer:
     done: int = 0
 
     def train(self, steps: int, record: bool = True) -> None:
-        every = SPEC.get("commit_every", 0)
+        every = 1 if self.variant == "every_step" else SPEC.get("commit_every", 0)
         for _ in range(steps):
             started = time.perf_counter()
             self.optimizer.zero_grad()

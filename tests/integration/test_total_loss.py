@@ -110,7 +110,9 @@ def test_every_worker_killed_at_once_goes_on_from_the_host_snapshot(tmp_path: Pa
 
 def test_every_rank_raising_once_at_the_same_step_goes_on(tmp_path: Path) -> None:
     """Each rank raises once at step 6 (a rank whose round broke before it got there raises
-    in a later round instead): every round after the first starts from a commit."""
+    in a later round instead): every round after the first starts from a commit, the newest
+    host snapshot (written at the cadence that keeps snapshots within 2% of the time:
+    every commit, or every k-th where a write costs more)."""
     result = run_job(["-np", "2", PYTHON, TRAIN], {**SMALL, "FAULTS": "6:all:exception"},
                      log_dir=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -118,7 +120,7 @@ def test_every_rank_raising_once_at_the_same_step_goes_on(tmp_path: Path) -> Non
     assert len(views) >= 2
     for view in views[1:]:
         (start,) = _round_starts(result.records, view.number)
-        assert start in _committed(result.records) and start[0] in (4, 5)
+        assert start in _committed(result.records) and 1 <= start[0] <= 5
 
 
 def test_every_rank_raising_every_time_ends_the_job_naming_the_error(tmp_path: Path) -> None:

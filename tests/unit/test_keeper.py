@@ -344,16 +344,34 @@ def test_a_commit_not_started_yet_is_replaced_by_the_next(
 
 
 def test_a_commit_waits_for_the_last_ones_write_to_begin(dirs: tuple[Path, Path]) -> None:
-    """So the newest snapshot is never older than the commit before the last: a commit
-    handed over is written before the next one's copies are made."""
+    """So the newest snapshot is never older than the commit before the last, while every
+    commit is due: a commit handed over is written before the next one's copies are made."""
     snapshots, _ = dirs
-    writer = CommitKeeper(KeepingSettings(snapshots))
+    writer = CommitKeeper(KeepingSettings(snapshots, snapshot_budget=1.0))
     for commit in range(1, 30):
         with writer.hold():  # the last commit's write began, and so ended: it is published
             assert _commits(snapshots) == ([] if commit == 1 else [commit - 1])
         writer.kept(commit, WHOLE, _saved(commit), host_writer=True, checkpoint_writer=False)
     writer.flush(WAIT_S)
     assert _commits(snapshots) == [29]
+
+
+def test_host_snapshots_keep_within_their_share_of_the_time(dirs: tuple[Path, Path]) -> None:
+    """Commits much closer together than a write lasts: snapshots of a few commits only,
+    each written whole."""
+    snapshots, _ = dirs
+    writer = CommitKeeper(KeepingSettings(snapshots))
+    big = {"model": {"w": torch.randn(4_000_000)}, "optimizer": None, "objects": {}}
+    written = []
+    for commit in range(1, 40):
+        with writer.hold():
+            written.extend(c for c in _commits(snapshots) if c not in written)
+        writer.kept(commit, WHOLE, big, host_writer=True, checkpoint_writer=False)
+        time.sleep(0.001)
+    writer.flush(WAIT_S)
+    assert writer.snapshot_every > 1
+    written.extend(c for c in _commits(snapshots) if c not in written)
+    assert 3 <= len(written) < 39 // 2, written  # (the first 3 are before it is measured)
 
 
 def test_an_object_that_cannot_be_saved_costs_that_commit_only(

@@ -116,8 +116,11 @@ class SlotWriter:
     written: the older commit's link is removed as soon as the newer one is published. No
     CRC is computed (in memory it costs a third of the write; files for a disk have one)."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, kept: int | None = None) -> None:
+        """`kept`: how many complete commits of a holding are kept (kept_commits()'s by
+        default)."""
         self.directory = directory
+        self.kept = kept
         self._turn = 0
 
     def write(self, commit: int, holding: str, content: Mapping[str, Any]) -> CommitFile:
@@ -135,7 +138,7 @@ class SlotWriter:
             link.unlink()
         os.symlink(slot, link)
         os.replace(link, final)
-        self._turn = (self._turn + 1) % (kept_commits(holding) + 1)
+        self._turn = (self._turn + 1) % ((self.kept or kept_commits(holding)) + 1)
         return CommitFile(final, commit, holding)
 
 
@@ -176,11 +179,12 @@ def newest(directory: Path, holding: str) -> CommitFile | None:
     return files[-1] if files else None
 
 
-def prune(directory: Path, keep: CommitFile) -> None:
-    """Removes `keep`'s older files of its holding (but the one before it, for a shard),
-    and temporary files whose writer is gone (killed midway)."""
+def prune(directory: Path, keep: CommitFile, kept: int | None = None) -> None:
+    """Removes `keep`'s older files of its holding (but the `kept` - 1 before it: by
+    default one for a shard, none otherwise), and temporary files whose writer is gone
+    (killed midway)."""
     older = [f for f in complete(directory, keep.holding) if f.commit < keep.commit]
-    for old in older[:len(older) - kept_commits(keep.holding) + 1]:
+    for old in older[:len(older) - (kept or kept_commits(keep.holding)) + 1]:
         if old.commit < keep.commit:
             with contextlib.suppress(OSError):
                 old.path.unlink()

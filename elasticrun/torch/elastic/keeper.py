@@ -8,12 +8,15 @@ rank on each host (one copy per host), and rank 0 for --checkpoint-dir, where a 
 staged as a file of its own when a copy is due and copied on (checkpoint_copier.py).
 
 The thread reads the commit's copies in place (no second copy in memory); it takes a commit
-only holding them, and the next commit waits for that write to begin, and so end (`hold`):
-this host's snapshot is this rank's last commit or the one before. The job's other ranks do
-not wait for a writer, so when its writes take longer than a step they may have completed
-one commit more: a host snapshot is at most two commits behind the job's last. A failed
-write (a full /dev/shm, an object that cannot be pickled) is logged once and costs only that
-commit.
+only holding them, and the next commit waits for that write to begin, and so end (`hold`).
+A write takes CPU time the training would have, so host snapshots keep to the cadence rule
+of flash commits (cadence.py): every commit while a write costs under 2% of the time
+between commits, else every k-th commit (those divisible by k), k the smallest that keeps
+them within 2%. A host snapshot is then at most k + 1 commits behind the job's last (k is
+1 for most models on a GPU: a write is a copy from pinned memory to /dev/shm); each shard
+of a sharded state is written at every commit (every shard index must hold the same one).
+A failed write (a full /dev/shm, an object that cannot be pickled) is logged once and costs
+only that commit.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from typing import Any
 
 from elasticrun import protocol
 from elasticrun.torch.elastic import commit_files
+from elasticrun.torch.elastic.cadence import BUDGET, Cadence
 from elasticrun.torch.elastic.checkpoint_copier import CheckpointCopier
 from elasticrun.torch.elastic.commit_files import CommitFile
 
@@ -44,6 +48,7 @@ class KeepingSettings:
     checkpoint_dir: Path | None = None
     checkpoint_interval: float = 60.0
     restore_expected: bool = False  # a total loss: a snapshot must be found
+    snapshot_budget: float = BUDGET  # host snapshots' share of the training time (cadence)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> KeepingSettings:
@@ -133,6 +138,12 @@ class CommitKeeper:
         self._copier = CheckpointCopier(settings.checkpoint_dir, settings.checkpoint_interval,
                                         self._warn_once)
         self._warned: set[str] = set()
+        # Host snapshots within 2% of the training time (cadence.py): the write's time
+        # against the time between commits.
+        self._cadence = Cadence(budget=settings.snapshot_budget)
+        self._cadence_lock = threading.Lock()
+        self._last_kept: float | None = None
+        self._writes = 0
         self._slots: commit_files.SlotWriter | None = None
         self._last: tuple[int, str, Mapping[str, Any]] | None = None  # (for the checkpoint)
         # Without host snapshots, a commit on its way to --checkpoint-dir is staged here.
@@ -157,7 +168,8 @@ class CommitKeeper:
         on a GPU): the thread writes it, replacing one not yet started. `checkpoint_due`:
         whether it goes to the checkpoint dir (None: when --checkpoint-interval says; a
         sharded state's ranks decide together, so that every shard index has the commit)."""
-        snapshot = host_writer and self.settings.snapshot_dir is not None
+        snapshot = host_writer and self.settings.snapshot_dir is not None \
+            and (self._snapshot_due(commit) or commit_files.parse_shard(holding) is not None)
         checkpoint = checkpoint_writer and self.settings.checkpoint_dir is not None \
             and checkpoint_due is not False
         if not snapshot and not checkpoint:
@@ -170,6 +182,19 @@ class CommitKeeper:
                                                 daemon=True)
                 self._thread.start()
             self._wake.notify_all()
+
+    def _snapshot_due(self, commit: int) -> bool:
+        now = time.monotonic()
+        with self._cadence_lock:
+            if self._last_kept is not None:
+                self._cadence.stepped(now - self._last_kept)
+            self._last_kept = now
+            return self._cadence.due(commit)
+
+    @property
+    def snapshot_every(self) -> int:
+        """The host snapshots' cadence in force: every `snapshot_every` commits."""
+        return self._cadence.every
 
     def _run(self) -> None:
         while True:
@@ -190,7 +215,9 @@ class CommitKeeper:
                     if ready is not None:
                         ready()
                     if snapshot:
+                        began = time.monotonic()
                         self._write_snapshot(commit, holding, saved)
+                        self._wrote(time.monotonic() - began)
                     if checkpoint:
                         self._last = (commit, holding, saved)
                         if due or self._copier.due():
@@ -204,6 +231,12 @@ class CommitKeeper:
                 with self._wake:
                     self._active = False
                     self._wake.notify_all()
+
+    def _wrote(self, seconds: float) -> None:
+        self._writes += 1
+        if self._writes > 2:  # the first writes make the slot files' pages
+            with self._cadence_lock:
+                self._cadence.copied(seconds)
 
     def _write_snapshot(self, commit: int, holding: str, saved: Mapping[str, Any]) -> None:
         """The commit as this host's snapshot (in place, in host memory)."""

@@ -105,24 +105,39 @@ def snapshot_tensors(tensors: dict[str, torch.Tensor], previous: dict[str, torch
 
 def snapshot(tree: Any, previous: Any = None, placement: Placement | None = None) -> Any:
     """A detached copy of a nested dict/list/tuple of tensors and values, reusing the
-    tensors of `previous` where shape and dtype still match. Without a placement, tensors
-    are copied where they are (for restoring from a commit)."""
+    tensors of `previous` where shape and dtype still match (refilled with one fused copy).
+    Without a placement, tensors are copied where they are (for restoring from a commit)."""
     where = placement if placement is not None else _WHERE_THEY_ARE
+    targets: list[torch.Tensor] = []
+    sources: list[torch.Tensor] = []
+    copied = _copy(tree, previous, where, targets, sources)
+    if targets:
+        where.refill(targets, sources)
+    return copied
+
+
+def _copy(tree: Any, previous: Any, where: Placement, targets: list[torch.Tensor],
+          sources: list[torch.Tensor]) -> Any:
+    """`tree`'s copy: new tensors copied now, reused ones listed for one fused refill."""
     if isinstance(tree, torch.Tensor):
         tree = local_part(tree)
         if isinstance(previous, torch.Tensor) and _reusable(previous, tree, where):
-            where.refill([previous], [tree])
+            targets.append(previous)
+            sources.append(tree)
             return previous
         return where.new_copy(tree)
     if isinstance(tree, dict):
         old = previous if isinstance(previous, dict) else {}
-        return {key: snapshot(value, old.get(key), placement) for key, value in tree.items()}
+        return {key: _copy(value, old.get(key), where, targets, sources)
+                for key, value in tree.items()}
     if isinstance(tree, (list, tuple)):
         old_items = list(previous) if isinstance(previous, (list, tuple)) \
             and len(previous) == len(tree) else [None] * len(tree)
-        items = [snapshot(value, prev, placement)
+        items = [_copy(value, prev, where, targets, sources)
                  for value, prev in zip(tree, old_items, strict=True)]
         return items if isinstance(tree, list) else tuple(items)
+    if isinstance(tree, (int, float, str, bool, type(None))):
+        return tree  # immutable: no copy
     return copy.deepcopy(tree)
 
 
