@@ -108,6 +108,7 @@ PATH_FAILING = "/v1/rendezvous/failing"  # a worker's own error ends it: it is a
 PATH_STALLED = "/v1/rendezvous/stalled"  # a collective waits far longer than usual
 PATH_INIT = "/v1/rendezvous/init"  # a worker's script calls er.init(): no restart mode
 PATH_TIMELINE = "/v1/timeline"  # a worker's trace events; opens the job's trace file
+PATH_FLASH = "/v1/flash"  # a worker's flash commit cadence (elasticrun.flash)
 PATH_KV_PREFIX = "/v1/kv/"
 KV_OPS = ("set", "get", "add", "compare_set", "check", "delete", "num_keys", "wait", "multi_get")
 # elasticrun.run(func): the cloudpickled (func, args, kwargs) out, each worker's result in,

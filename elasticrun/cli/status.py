@@ -70,6 +70,13 @@ def format_status(status: dict[str, Any]) -> str:
         for entry in slots:
             lines.append(f"  {entry.get('host')}[{entry.get('slot')}]  "
                          f"{entry.get('failures')} time(s), {_until(entry)}")
+    flash = status.get("flash_commits")
+    if flash:
+        every = flash.get("every_steps")
+        lines.append(f"flash commits: every {'step' if every == 1 else f'{every} steps'} "
+                     f"(copy {flash.get('copy_ms')} ms, step {flash.get('step_ms')} ms, "
+                     f"{100 * (flash.get('cost') or 0):.2f}% of the time), "
+                     f"{flash.get('commits')} written by {flash.get('workers')} worker(s)")
     return "\n".join(lines)
 
 

@@ -25,6 +25,7 @@ from elasticrun.driver.journal.opening import JobRecord, open_journal
 from elasticrun.driver.journal.resuming import Resumed, take_over
 from elasticrun.driver.journal.writer import JournalWriter
 from elasticrun.driver.operate.failures import FailureLog
+from elasticrun.driver.operate.flash_cadence import FlashCadences
 from elasticrun.driver.operate.routes import OperatorRoutes
 from elasticrun.driver.operate.target import JobOperator
 from elasticrun.driver.operate.telemetry import Telemetry
@@ -32,7 +33,7 @@ from elasticrun.driver.operate.timeline import JobTimeline
 from elasticrun.driver.processes import snapshot_dirs
 from elasticrun.driver.processes.output import OutputRouter
 from elasticrun.driver.processes.records import new_worker_id
-from elasticrun.driver.processes.script_kind import imports_elasticrun
+from elasticrun.driver.processes.script_kind import calls_init
 from elasticrun.driver.processes.snapshot_dirs import snapshot_directory
 from elasticrun.driver.queue import EventQueue
 from elasticrun.driver.rounds import events as ev
@@ -65,7 +66,7 @@ class Driver:
         """`extra_env`: set for every worker of the job (elasticrun.run's env=)."""
         self._config = config
         self._output = output
-        self.machine = RoundMachine(config, new_worker_id, elastic_scripts=imports_elasticrun(
+        self.machine = RoundMachine(config, new_worker_id, elastic_scripts=calls_init(
             config.command, config.working_dir))
         self.job_id = secrets.token_hex(6)
         self._secret = protocol.new_secret()
@@ -93,14 +94,16 @@ class Driver:
             self._agents.adopt = lambda host, worker, process: self._workers.adopt(
                 host, worker, process)
             self._agents.outsiders = self._telemetry.outsiders
+        flash = FlashCadences()
         self._operator = JobOperator(self.job_id, time.time(), config, self.machine.state,
-                                     self._watcher, self._telemetry, self.post, self._epoch)
+                                     self._watcher, self._telemetry, self.post, self._epoch,
+                                     flash)
         self._routes = OperatorRoutes(self._operator, config.webhook_token,
                                       config.slots_per_host or 1, self._telemetry.outsiders)
         self._timeline = JobTimeline(config.timeline_filename, config.timeline_mark_cycles)
         self._server = WorkerServer(self._secret, self.machine.state, self.post,
                                     self._timeline, self._epoch, self._superseded,
-                                    self._telemetry.outsiders)
+                                    self._telemetry.outsiders, flash)
         self.results = self._server.results  # elasticrun.run: the function out, results in
         self._failures = FailureLog(self._telemetry)
         self._workers = Workforce(config, parts.launcher, output, self._server, self.machine,

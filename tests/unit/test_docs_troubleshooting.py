@@ -115,8 +115,10 @@ class Classes:
             value = getattr(builtins, dotted, None)
             return isinstance(value, type) and issubclass(value, BaseException)
         module_name, _, attribute = dotted.rpartition(".")
-        if module_name.split(".")[0] in ("torch", "elasticrun"):
-            return False  # torch is not imported here; elasticrun's are all in _bases
+        if module_name.split(".")[0] in ("torch", "elasticrun", "transformers", "lightning"):
+            # torch and the trainers (the integrations' bases) are not imported here (they
+            # change the process's environment); elasticrun's are all in _bases
+            return False
         try:
             value = getattr(importlib.import_module(module_name), attribute, None)
         except ImportError:

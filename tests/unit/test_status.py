@@ -16,6 +16,7 @@ from aiohttp import web
 from elasticrun.cli.entry import main
 from elasticrun.cli.status import fetch_status, format_status
 from elasticrun.driver.hosts.registry import BlacklistEntry
+from elasticrun.driver.operate.flash_cadence import CadenceReport, FlashCadences
 from elasticrun.driver.operate.status import JobView, build_status, count_states, host_states
 from elasticrun.driver.rounds.assignment import assign
 from elasticrun.errors import ElasticrunError
@@ -103,6 +104,7 @@ def test_build_status() -> None:
         "reset_limit": 10,
         "restarts": 0,
         "last_restore": None,
+        "flash_commits": None,
         "np": 4, "min_np": 2, "max_np": 7,
         "hosts": [
             {"host": "a", "slots": 2, "state": "active", "ranks": [0, 1]},
@@ -137,6 +139,27 @@ def test_build_status_after_a_total_loss_says_what_was_restored() -> None:
     status = build_status(replace(view(), restarts=1, last_restore=restore))
     assert (status["restarts"], status["last_restore"]) == (1, restore)
     json.dumps(status)
+
+
+def test_status_shows_the_flash_commits_cadence_of_its_live_workers() -> None:
+    cadences = FlashCadences()
+    assert cadences.summary({"w1"}) is None
+    cadences.report("w1", CadenceReport(every=1, copy_s=0.001, step_s=0.1, commits=40,
+                                        skipped=0))
+    cadences.report("w2", CadenceReport(every=3, copy_s=0.006, step_s=0.1, commits=12,
+                                        skipped=1))
+    cadences.report("gone", CadenceReport(every=9, copy_s=0.5, step_s=0.1, commits=1,
+                                          skipped=0))
+    flash = cadences.summary({"w1", "w2"})  # the sparsest cadence of the live workers
+    assert flash == {"every_steps": 3, "copy_ms": 6.0, "step_ms": 100.0, "cost": 0.0196,
+                     "workers": 2, "commits": 52, "skipped": 1}
+    status = build_status(replace(view(), flash_commits=flash))
+    assert format_status(status).splitlines()[-1] == (
+        "flash commits: every 3 steps (copy 6.0 ms, step 100.0 ms, 1.96% of the time), "
+        "52 written by 2 worker(s)")
+    assert cadences.summary({"w1"}) == {"every_steps": 1, "copy_ms": 1.0, "step_ms": 100.0,
+                                        "cost": 0.0099, "workers": 1, "commits": 40,
+                                        "skipped": 0}
 
 
 def test_build_status_before_the_first_round() -> None:

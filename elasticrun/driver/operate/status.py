@@ -37,6 +37,7 @@ class JobView:
     epoch: int = 1  # the driver's: one more after each --resume
     restarts: int = 0  # whole restarts: a plain round's, or after a total loss
     last_restore: dict[str, Any] | None = None  # the last kept commit restored
+    flash_commits: dict[str, Any] | None = None  # their cadence in force (flash_cadence.py)
 
 
 def host_states(view: JobView) -> dict[str, str]:
@@ -83,6 +84,7 @@ def build_status(view: JobView) -> dict[str, Any]:
         "reset_limit": view.reset_limit,
         "restarts": view.restarts,
         "last_restore": view.last_restore,
+        "flash_commits": view.flash_commits,
         "np": view.np, "min_np": view.min_np, "max_np": view.max_np,
         "hosts": hosts,
         "blacklist": blacklist,

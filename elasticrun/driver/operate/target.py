@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from elasticrun.config import DriverConfig
 from elasticrun.discovery.base import HostSlots
 from elasticrun.driver.hosts.watcher import HostWatcher
+from elasticrun.driver.operate.flash_cadence import FlashCadences
 from elasticrun.driver.operate.status import JobView, build_status, count_states, host_states
 from elasticrun.driver.operate.telemetry import Telemetry
 from elasticrun.driver.rounds.events import Event, HostsAdded, HostsDrained
@@ -30,6 +31,7 @@ class JobOperator:
     telemetry: Telemetry
     post: Callable[[Event], None]
     epoch: int = 1
+    flash: FlashCadences = field(default_factory=FlashCadences)
 
     def view(self) -> JobView:
         state = self.state
@@ -48,7 +50,9 @@ class JobOperator:
             min_np=config.min_np, max_np=config.max_np, reset_limit=config.reset_limit,
             discovery=self.watcher.describe(), discovery_error=self.watcher.last_error,
             epoch=self.epoch, restarts=state.restarts,
-            last_restore=self.telemetry.last_restore)
+            last_restore=self.telemetry.last_restore,
+            flash_commits=self.flash.summary(
+                {wid for wid, worker in state.workers.items() if worker.alive}))
 
     def status(self) -> dict[str, Any]:
         return build_status(self.view())

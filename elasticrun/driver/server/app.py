@@ -16,10 +16,12 @@ from collections.abc import Callable, Iterable, Sequence
 from aiohttp import web
 
 from elasticrun import protocol
+from elasticrun.driver.operate.flash_cadence import FlashCadences
 from elasticrun.driver.operate.timeline import JobTimeline
 from elasticrun.driver.rounds import events as ev
 from elasticrun.driver.rounds.state import JobState
 from elasticrun.driver.server.connections import GuardedRunner
+from elasticrun.driver.server.flash_api import FlashEndpoint
 from elasticrun.driver.server.gc_policy import pace_for_serving
 from elasticrun.driver.server.kv import KVEndpoints
 from elasticrun.driver.server.outsiders import Outsiders
@@ -40,15 +42,20 @@ class WorkerServer:
     def __init__(self, secret: str, state: JobState, post: Callable[[ev.Event], None],
                  timeline: JobTimeline | None = None, epoch: int = 1,
                  superseded: Callable[[int], None] | None = None,
-                 outsiders: Outsiders | None = None) -> None:
+                 outsiders: Outsiders | None = None,
+                 flash: FlashCadences | None = None) -> None:
         """`outsiders`: where requests refused for what outsiders sent are counted and
-        logged (the driver's; its own otherwise)."""
+        logged (the driver's; its own otherwise); `flash`: where the workers' flash commit
+        cadences go (the driver's, for /status)."""
         self._outsiders = outsiders if outsiders is not None else Outsiders()
         self._signing = RequestSigning(secret, epoch, superseded, self._outsiders)
         self.rounds = RoundEndpoints(state, post)
         self.kv = KVEndpoints(state)
         self.timeline = TimelineEndpoint(timeline or JobTimeline())
         self.results = ResultEndpoints(state)  # elasticrun.run's function and results
+        self.flash = FlashEndpoint(flash if flash is not None else FlashCadences(),
+                                   lambda worker: (record := state.workers.get(worker))
+                                   is not None and record.alive)
         self._runner: web.AppRunner | None = None
         self.port = 0
         self.listening: list[str] = []
@@ -93,6 +100,7 @@ class WorkerServer:
         app.router.add_post(protocol.PATH_STALLED, self.rounds.stalled)
         app.router.add_post(protocol.PATH_INIT, self.rounds.init_called)
         app.router.add_post(protocol.PATH_TIMELINE, self.timeline.handle)
+        app.router.add_post(protocol.PATH_FLASH, self.flash.handle)
         app.router.add_post(protocol.PATH_RUN_FUNCTION, self.results.function)
         app.router.add_post(protocol.PATH_RUN_RESULT, self.results.result)
         app.router.add_post(protocol.PATH_KV_PREFIX + "{op}", self.kv.handle)

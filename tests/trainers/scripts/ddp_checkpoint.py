@@ -2,7 +2,8 @@
 
 Rank 0 saves {"model", "optimizer", "step"} to OUT/checkpoint.pt every --save-every steps
 (written to a temporary file, fsynced, then renamed over the old one); every rank loads it
-at start when present and goes on from its step.
+at start when present and goes on from its step. With --flash it keeps its state every step
+with elasticrun.flash.FlashCommits and goes on from the newer of the two.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--save-every", type=int, default=10)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--step-sleep", type=float, default=0.0)
+    parser.add_argument("--flash", action="store_true",
+                        help="keep the state every step with elasticrun.flash.FlashCommits")
     return parser.parse_args()
 
 
@@ -80,6 +83,11 @@ def main() -> None:
         model.module.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         step = int(state["step"])
+    flash = None
+    if args.flash:
+        from elasticrun.flash import FlashCommits
+        flash = FlashCommits(model=model.module, optimizer=optimizer)
+        step = flash.restore(step)
     if rank == 0:
         say(f"start resumed_from={step} world={world}")
 
@@ -90,6 +98,8 @@ def main() -> None:
         nn.functional.mse_loss(model(x), y).backward()
         optimizer.step()
         say(f"step {step} rank {rank} restart {restart}")
+        if flash is not None:
+            flash.commit(step)
         if rank == 0 and step % args.save_every == 0:
             save_atomically(
                 {"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
@@ -100,7 +110,8 @@ def main() -> None:
             time.sleep(args.step_sleep)
 
     if rank == 0:
-        say(f"done steps={step} world={world}")
+        weights = sum(float(p.double().sum()) for p in model.parameters())
+        say(f"done steps={step} world={world} weights={weights:.12e}")
     dist.destroy_process_group()
 
 

@@ -2,7 +2,8 @@
 (no downloads), random token ids and labels, DDP on Gloo over CPU.
 
 The Trainer writes OUT/checkpoint-<step> every --save-every steps; at start the script
-resumes from the newest checkpoint whose trainer_state.json (written last) exists.
+resumes from the newest checkpoint whose trainer_state.json (written last) exists. With
+--flash, elasticrun's ElasticCallback is added (the one line a user adds).
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--save-every", type=int, default=10)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--step-sleep", type=float, default=0.0)
+    parser.add_argument("--flash", action="store_true",
+                        help="add elasticrun's ElasticCallback (flash commits)")
     return parser.parse_args()
 
 
@@ -93,6 +96,13 @@ def last_complete_checkpoint(out: Path) -> str | None:
     return str(out / f"{PREFIX_CHECKPOINT_DIR}-{max(steps)}") if steps else None
 
 
+def flash_callbacks(flash: bool) -> list[TrainerCallback]:
+    if not flash:
+        return []
+    from elasticrun.integrations.transformers import ElasticCallback
+    return [ElasticCallback()]
+
+
 def main() -> None:
     args = parse_args()
     torch.manual_seed(0)
@@ -121,7 +131,7 @@ def main() -> None:
         model=BertForSequenceClassification(config),
         args=training_args,
         train_dataset=RandomTokens(),
-        callbacks=[Progress(args.step_sleep)],
+        callbacks=[*flash_callbacks(args.flash), Progress(args.step_sleep)],
     )
     trainer.train(resume_from_checkpoint=last_complete_checkpoint(args.out))
 

@@ -1,8 +1,9 @@
 """A torchrun training script for Lightning: a tiny MLP, DDP on Gloo over CPU, random data.
 
 Lightning takes its ranks from torchrun's environment (TorchElasticEnvironment); its
-ModelCheckpoint writes OUT/last.ckpt every --save-every steps, and the script resumes from
-it at start when it exists.
+ModelCheckpoint writes OUT/last.ckpt every --save-every steps (0: Lightning's default
+checkpointing, once an epoch), and the script resumes from it at start when it exists. With
+--flash, elasticrun's ElasticCallback is added (the one line a user adds).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--save-every", type=int, default=10)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--step-sleep", type=float, default=0.0)
+    parser.add_argument("--flash", action="store_true",
+                        help="add elasticrun's ElasticCallback (flash commits)")
     return parser.parse_args()
 
 
@@ -74,6 +77,21 @@ class Progress(Callback):
             say(f"done steps={trainer.global_step} world={self.world}")
 
 
+def checkpointing(args: argparse.Namespace) -> list[Callback]:
+    """ModelCheckpoint every --save-every steps; 0: Lightning's default (once an epoch)."""
+    if not args.save_every:
+        return []
+    return [ModelCheckpoint(dirpath=args.out, every_n_train_steps=args.save_every,
+                            save_last=True, save_top_k=1)]
+
+
+def flash_callbacks(flash: bool) -> list[Callback]:
+    if not flash:
+        return []
+    from elasticrun.integrations.lightning import ElasticCallback
+    return [ElasticCallback()]
+
+
 def main() -> None:
     args = parse_args()
     L.seed_everything(0, verbose=False)
@@ -90,11 +108,8 @@ def main() -> None:
         enable_progress_bar=False,
         enable_model_summary=False,
         logger=False,
-        callbacks=[
-            ModelCheckpoint(dirpath=args.out, every_n_train_steps=args.save_every,
-                            save_last=True, save_top_k=1),
-            Progress(args.step_sleep),
-        ],
+        default_root_dir=args.out,
+        callbacks=[*checkpointing(args), *flash_callbacks(args.flash), Progress(args.step_sleep)],
     )
     last = args.out / "last.ckpt"
     trainer.fit(Regression(), loader, ckpt_path=last if last.is_file() else None)
