@@ -16,6 +16,9 @@ step and world size:
   elasticrun, torchrun script
                  scripts/goodput_ddp.py, plain DDP with its own disk checkpoint every
                  CHECKPOINT_EVERY = 10 steps (restart mode): the same line + --max-restarts 100
+  elasticrun, torchrun script + flash commits
+                 the same script with BENCH_FLASH=1: its one line more, FlashCommits
+                 (elasticrun.flash), keeps a flash commit of every step it can afford
   torchrun       the same script, one launcher per host (c10d rendezvous on 127.0.0.1,
                  --nnodes 1:2, last_call_timeout=1, --max-restarts 100,
                  TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1); the script's process group timeout
@@ -26,12 +29,14 @@ holds at the end / the steps the fault-free run made in the same time, both coun
 first step at full size; "samples goodput" weighs each step by its world size. Per fault:
 steps redone (rolled back), seconds below full size, seconds to the first step after it
 (goodput_report.py defines each). Draws results/goodput.png (goodput-quick.png). Quick mode
-(QUICK_PLAN): 1 worker per host, 10 s, two faults, and not the second tool (the first's
-launcher with the third's script).
+(QUICK_PLAN): 1 worker per host, 10 s, two faults, and not the second and third tools (the
+first's launcher with the last's script). BENCH_GOODPUT_TOOLS (names, comma-separated) runs
+some tools only.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import tempfile
 import time
@@ -59,6 +64,9 @@ TOOLS: tuple[Tool, ...] = (
     Elasticrun("elasticrun", SCRIPTS / "er_soak.py"),
     Elasticrun("elasticrun, torchrun script", DDP_SCRIPT,
                ("--max-restarts", str(MAX_RESTARTS)), in_quick=False),
+    Elasticrun("elasticrun, torchrun script + flash commits", DDP_SCRIPT,
+               ("--max-restarts", str(MAX_RESTARTS)), in_quick=False,
+               env=(("BENCH_FLASH", "1"),)),
     Torchrun("torchrun", DDP_SCRIPT),
 )
 PEER = "torchrun"
@@ -118,7 +126,8 @@ def trial(tool: Tool, plan: Plan) -> dict[str, Any]:
 
 def bench(trials: int, quick: bool) -> dict[str, Any]:
     plan = QUICK_PLAN if quick else PLAN
-    tools = [tool for tool in TOOLS if tool.in_quick or not quick]
+    tools = [tool for tool in TOOLS if (tool.in_quick or not quick) and tool.name in os.environ.get(
+        "BENCH_GOODPUT_TOOLS", tool.name).split(",")]
     runs: dict[str, list[dict[str, Any]]] = {tool.name: [] for tool in tools}
     for _ in range(trials):  # interleaved, so that drift of the machine hits every tool
         for tool in tools:

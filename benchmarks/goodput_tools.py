@@ -148,6 +148,7 @@ class Elasticrun:
     args: tuple[str, ...] = ()
     in_quick: bool = True
     error_marker: str = "elasticrun:"
+    env: tuple[tuple[str, str], ...] = ()  # for its workers (BENCH_FLASH=1: flash commits)
 
     def arguments(self, slots: int, hosts_script: Path | str) -> list[str]:
         return ["-np", str(slots * len(HOSTS)), "--host-discovery-script", str(hosts_script),
@@ -164,7 +165,7 @@ class Elasticrun:
         self._list(job, HOSTS)
         job.launchers["driver"] = job.jobs.start(
             elasticrun_command(self.arguments(job.plan.slots, hosts_script), self.script),
-            job.env())
+            {**job.env(), **dict(self.env)})
 
     def drop_host(self, job: Job, host: str) -> None:
         self._list(job, tuple(h for h in HOSTS if h != host))

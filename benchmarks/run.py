@@ -50,6 +50,12 @@ goodput     4 workers (2 hosts x 2 on loopback), ~1M parameters, 5 minutes under
             time), steps redone and time below full size per fault, for elasticrun with a
             Horovod-style script, elasticrun with a torchrun script, and torchrun. Also
             draws results/goodput.png.
+flash       flash commits: a Hugging Face Trainer, a Lightning fit and a plain DDP loop at
+            their default disk-checkpoint cadence, 2 workers, one SIGKILLed at step 37:
+            steps redone and kill -> first step under elasticrun with --flash and under
+            torchrun (and an elasticrun.torch script committing every step); and the cost
+            of FlashCommits.commit() every step at ~1M, ~10M and ~100M parameters (steps/s
+            against the same loop without it, the cadence, the copy's time).
 """
 
 from __future__ import annotations
@@ -82,6 +88,7 @@ BENCHMARKS = {
     "restart": "restart",
     "hostile": "hostile",
     "goodput": "goodput",
+    "flash": "flash",
 }
 
 

@@ -1,5 +1,6 @@
 """The goodput benchmark's torchrun-style script (benchmarks/goodput.py), as a user writes
-it: plain DDP on Gloo over model.py's MLP, its own disk checkpoint, no elasticrun import.
+it: plain DDP on Gloo over model.py's MLP, its own disk checkpoint, no elasticrun import
+(but with BENCH_FLASH=1: elasticrun.flash.FlashCommits, a flash commit of every step).
 It runs under torchrun and under elasticrun (restart mode) alike, until told to stop.
 
 Rank 0 saves {"model", "optimizer", "step"} every BENCH_CHECKPOINT_EVERY steps (default 10;
@@ -65,6 +66,11 @@ def main() -> None:
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
         step = int(saved["step"])
+    flash = None
+    if os.environ.get("BENCH_FLASH") == "1":  # the one line more of a plain loop's user
+        from elasticrun.flash import FlashCommits
+        flash = FlashCommits(model=model, optimizer=optimizer)
+        step = flash.restore(step)
     ddp = DistributedDataParallel(model)  # broadcasts rank 0's parameters
     if rank == 0:
         note("synced", rank=rank, size=size, step=step)
@@ -76,6 +82,8 @@ def main() -> None:
         F.cross_entropy(ddp(data), target).backward()
         optimizer.step()
         step += 1
+        if flash is not None:
+            flash.commit(step)
         if rank == 0 and step % CHECKPOINT_EVERY == 0:
             save_atomically({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                              "step": step})
