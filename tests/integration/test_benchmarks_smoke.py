@@ -275,3 +275,31 @@ def test_goodput() -> None:
     assert ours["faulted"]["ended"] == "ok" and 0 < ours["goodput"] <= 1.5, ours["faulted"]
     assert all(f["time"] for f in ours["faulted"]["faults_injected"])
     assert (RESULTS / "goodput-quick.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_flash() -> None:
+    """Quick mode: the plain DDP loop (elasticrun --flash, torchrun) and the elasticrun.torch
+    script, one worker killed at step 6; the cost at ~1M and ~10M parameters."""
+    out, result = run_quick("flash")
+    assert "flash: steps redone per failure" in out and "flash: cost of" in out
+    ddp = result["restart"]["ddp"]
+    [ours] = ddp["trials"]["elasticrun"]
+    # killed after step 6 was printed: resumed from its flash commit, at most 2 steps behind
+    assert ours["exit"] == "ok" and ours["steps_redone"] <= 2, ours
+    assert ours["steps_redone"] == ours["last_step"] - ours["resumed_from"] >= 0, ours
+    assert ours["first_step_after"] == ours["resumed_from"] + 1 and 0 < ours["resume_s"] < 60
+    [torchrun] = ddp["trials"]["torchrun"]
+    if "error" not in torchrun:  # a failed peer is a result too; no disk checkpoint by then
+        assert torchrun["resumed_from"] == 0, torchrun
+        assert torchrun["steps_redone"] == torchrun["last_step"] >= 6, torchrun
+    [elastic] = result["restart"]["elastic"]["trials"]["elasticrun"]
+    assert 0 <= elastic["steps_redone"] <= 1 and 0 < elastic["resume_s"] < 60, elastic
+    assert set(result["cost"]) == {"1e+06", "1e+07"}
+    for size in result["cost"].values():
+        [trial] = size["trials"]
+        on, off = trial["on"], trial["off"]
+        assert size["summary"]["ratio"]["median"] == pytest.approx(
+            on["steps_per_s"] / off["steps_per_s"])
+        assert on["stats"]["commits"] >= 1 and on["stats"]["every"] >= 1, on["stats"]
+        assert len(on["commit_call_s"]) == len(on["commit_steps"]) >= 1
+        assert off["stats"] is None and not off["commit_steps"]
