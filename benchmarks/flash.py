@@ -297,7 +297,7 @@ class Size:
 
 def sizes(quick: bool) -> list[Size]:
     found = [Size(1e6, 10, 120), Size(1e7, 3, 9)] if quick else \
-        [Size(1e6, 20, 400), Size(1e7, 10, 60), Size(1e8, 6, 24)]
+        [Size(1e6, 20, 400), Size(1e7, 10, 60), Size(1e8, 6, 40)]
     chosen = os.environ.get("BENCH_FLASH_SIZES")
     if chosen:
         wanted = {float(s) for s in chosen.split(",")}
@@ -368,7 +368,7 @@ def print_costs(costs: dict[str, dict[str, Any]], all_sizes: list[Size], trials:
                 cost_rows(costs, all_sizes))
     print("  every: the cadence in force at the end (stats().every); copy ms: the cadence's "
           "recent median of the copy (stats().copy_s); commit ms: the median commit() call "
-          "that took a commit, the first two (buffer allocations) left out (-: no other); "
+          "that took a commit, the first (the buffers allocation) left out (-: no other); "
           "first ms: the first such call; taken: commits taken / measured steps; written, "
           "skipped: stats().commits, .skipped (warm-up included); cadence step ms: "
           "stats().step_s against the off runs' measured step; flush ms: the writer's final "

@@ -74,7 +74,7 @@ def format_status(status: dict[str, Any]) -> str:
     if flash:
         every = flash.get("every_steps")
         lines.append(f"flash commits: every {'step' if every == 1 else f'{every} steps'} "
-                     f"(copy {flash.get('copy_ms')} ms, step {flash.get('step_ms')} ms, "
+                     f"(a commit {flash.get('copy_ms')} ms, step {flash.get('step_ms')} ms, "
                      f"{100 * (flash.get('cost') or 0):.2f}% of the time), "
                      f"{flash.get('commits')} written by {flash.get('workers')} worker(s)")
     return "\n".join(lines)

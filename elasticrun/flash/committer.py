@@ -60,6 +60,7 @@ class FlashCommitter:
         self.cadence = cadence or Cadence()
         self._buffers = _Buffers()
         self._last_end: float | None = None  # when the last step_ended() returned
+        self._writing_at_end = False  # and whether a write was running then
         self._taken = 0
         self._written = 0
         self._skipped = 0
@@ -75,8 +76,10 @@ class FlashCommitter:
         """Called by the training thread once a step is done; takes a commit of it when the
         cadence says one is due. Whether it took one."""
         now = time.perf_counter()
+        with self._lock:
+            writing = self._buffers.busy
         if self._last_end is not None:  # (a step's time, without the last commit's copy)
-            self.cadence.stepped(now - self._last_end)
+            self.cadence.stepped(now - self._last_end, writing or self._writing_at_end)
         taken = False
         if self.cadence.due(step):
             buffers = self._buffers
@@ -100,6 +103,7 @@ class FlashCommitter:
             else:
                 self._skipped += 1
         self._last_end = time.perf_counter()
+        self._writing_at_end = self._buffers.busy  # (the next step runs beside the write)
         return taken
 
     def stats(self) -> CommitStats:

@@ -27,6 +27,40 @@ def test_the_cadence_keeps_the_copy_within_two_percent(copy_s: float, step_s: fl
         assert copy_s / ((every - 1) * step_s + copy_s) > 0.02
 
 
+def test_a_write_that_slows_the_steps_it_overlaps_counts_in_the_cost() -> None:
+    """A 0.1 ms copy, but its write makes the 3 steps it spans 10 ms slower each: 30 ms a
+    commit, so every 15th step (a write on a spare core, slowing nothing, would cost only
+    the copy: every step)."""
+    cadence = Cadence()
+    for _ in range(5):
+        cadence.stepped(0.1)
+        cadence.copied(0.0001)
+        for _ in range(3):
+            cadence.stepped(0.11, writing=True)
+    assert cadence.every == 15
+    spare = Cadence()
+    for _ in range(5):
+        spare.stepped(0.1)
+        spare.copied(0.0001)
+        for _ in range(3):
+            spare.stepped(0.1, writing=True)
+    assert spare.every == 1
+
+
+def test_writes_that_never_end_between_steps_still_get_weighed() -> None:
+    """Every step so far ran beside a write: a commit is put off, so that a step with no
+    write running is measured; then the slowed steps count."""
+    cadence = Cadence()
+    cadence.copied(0.0001)
+    cadence.stepped(0.2, writing=True)
+    cadence.stepped(0.2, writing=True)
+    assert not cadence.due(2) and not cadence.due(3)
+    cadence.stepped(0.1)
+    assert cadence.due(4)
+    cadence.copied(0.0001)  # the commit of step 4: its write spanned 2 steps before
+    assert cadence.every > 1  # each of them 0.1 s slower
+
+
 def test_commits_fall_on_the_same_steps_on_every_rank() -> None:
     cadence = Cadence(every=3)
     assert [step for step in range(1, 10) if cadence.due(step)] == [3, 6, 9]

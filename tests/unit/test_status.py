@@ -155,7 +155,7 @@ def test_status_shows_the_flash_commits_cadence_of_its_live_workers() -> None:
                      "workers": 2, "commits": 52, "skipped": 1}
     status = build_status(replace(view(), flash_commits=flash))
     assert format_status(status).splitlines()[-1] == (
-        "flash commits: every 3 steps (copy 6.0 ms, step 100.0 ms, 1.96% of the time), "
+        "flash commits: every 3 steps (a commit 6.0 ms, step 100.0 ms, 1.96% of the time), "
         "52 written by 2 worker(s)")
     assert cadences.summary({"w1"}) == {"every_steps": 1, "copy_ms": 1.0, "step_ms": 100.0,
                                         "cost": 0.0099, "workers": 1, "commits": 40,
