@@ -76,10 +76,10 @@ class FlashCommitter:
         """Called by the training thread once a step is done; takes a commit of it when the
         cadence says one is due. Whether it took one."""
         now = time.perf_counter()
-        with self._lock:
+        with self._lock:  # (the writer thread tells the cadence of its writes)
             writing = self._buffers.busy
-        if self._last_end is not None:  # (a step's time, without the last commit's copy)
-            self.cadence.stepped(now - self._last_end, writing or self._writing_at_end)
+            if self._last_end is not None:  # (a step's time, without the last commit's copy)
+                self.cadence.stepped(now - self._last_end, writing or self._writing_at_end)
         taken = False
         if self.cadence.due(step):
             buffers = self._buffers
@@ -98,7 +98,8 @@ class FlashCommitter:
                 copy_s = time.perf_counter() - now
                 self._taken += 1
                 if self._taken > 1:  # the first copy allocates the buffers
-                    self.cadence.copied(copy_s)
+                    with self._lock:
+                        self.cadence.copied(copy_s)
                 taken = True
             else:
                 self._skipped += 1
@@ -135,12 +136,15 @@ class FlashCommitter:
                     return
                 step, buffers = self._queue[0]
             buffers.placement.settle()
+            began = time.perf_counter()
             try:
                 if buffers.shared is not None:
                     self.store.write(step, SHARED, {"state": buffers.shared})
                 self.store.write(step, own_part(self.rank), {"state": buffers.own},
                                  self._own_kept)
                 self._written += 1
+                with self._lock:
+                    self.cadence.wrote(time.perf_counter() - began)
                 if self._on_written is not None:
                     self._on_written(self.stats())
             except Exception as exc:  # a full /dev/shm, an object that cannot be pickled

@@ -47,6 +47,19 @@ def test_a_write_that_slows_the_steps_it_overlaps_counts_in_the_cost() -> None:
     assert spare.every == 1
 
 
+def test_a_write_never_takes_more_than_it_lasts() -> None:
+    """Steps beside a 1 ms write 10 ms slower (load from elsewhere): the write is charged
+    its 1 ms, not the 10."""
+    cadence = Cadence()
+    for _ in range(5):
+        cadence.stepped(0.1)
+        cadence.copied(0.0001)
+        cadence.wrote(0.001)
+        cadence.stepped(0.11, writing=True)
+    assert cadence.copy_s == pytest.approx(0.0011)
+    assert cadence.every == 1
+
+
 def test_writes_that_never_end_between_steps_still_get_weighed() -> None:
     """Every step so far ran beside a write: a commit is put off, so that a step with no
     write running is measured; then the slowed steps count."""

@@ -6,8 +6,9 @@ smallest k that keeps a commit's share of k steps within the budget. A commit's 
 time it holds the training thread (the copy of the state, measured at every commit) and,
 where the caller says which steps ran while a commit was being written (flash commits),
 what the write took from them: how much slower such a step is than one with no write
-running, times the number of steps a write spans. Where a spare core writes, that is
-nothing; where the write competes with the training for the cores, it counts. Each time is
+running, times the number of steps a write spans, and never more than the write lasts.
+Where a spare core writes, that is nothing; where the write competes with the training for
+the cores, it counts. Each time is
 the median of the last few measured (WINDOW): a garbage collection or a one-off slow step
 does not move them (and the first copy, which allocates the buffers, is not counted:
 committer.py). A commit is also put off while the previous one is still being written (the
@@ -35,6 +36,7 @@ class Cadence:
     _steps: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW), repr=False)
     _writing: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW), repr=False)
     _spans: deque[int] = field(default_factory=lambda: deque(maxlen=WINDOW), repr=False)
+    _writes: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW), repr=False)
     _span = 0  # steps since the last commit that ran while its write did
 
     def copied(self, seconds: float) -> None:
@@ -43,6 +45,11 @@ class Cadence:
         self._spans.append(self._span)
         self._span = 0
         self._decide()
+
+    def wrote(self, seconds: float) -> None:
+        """A commit's write took `seconds`: what it can take from the steps is at most that
+        (a step slower beside a write by more is slowed by something else: load)."""
+        self._writes.append(seconds)
 
     def stepped(self, seconds: float, writing: bool = False) -> None:
         """One step's time, the copy not included; `writing`: a commit's write ran meanwhile
@@ -80,7 +87,10 @@ class Cadence:
         # each of them slower than a step with no write, by the medians.
         slowed = max(0.0, statistics.median(self._writing) - self.step_s) \
             if self._writing else 0.0
-        self.copy_s = statistics.median(self._copies) + slowed * statistics.median(self._spans)
+        taken = slowed * statistics.median(self._spans)
+        if self._writes:
+            taken = min(taken, statistics.median(self._writes))
+        self.copy_s = statistics.median(self._copies) + taken
         if self.copy_s <= 0.0:
             return
         # cost / (k * step + cost) <= budget  <=>  k >= cost * (1 - budget) / (budget * step)
