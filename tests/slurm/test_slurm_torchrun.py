@@ -51,14 +51,17 @@ def batch_script(tmp: Path, steps: int, step_sleep: float, extra: str = "") -> P
     """torchrun's usual Slurm wrapper: the head node's address and a port from the job's
     id, then the same line on every node through srun. No GLOO_SOCKET_IFNAME, which torchrun
     would need here (the nodes' host name resolves to loopback): each worker's foothold gives
-    Gloo the interface that reaches the driver."""
+    Gloo the interface that reaches the driver. The rendezvous id is the job's id and the
+    test's: clusters of tests run at once share one /tmp, where each launcher holds its place
+    on its node (cli/node_claim.py), and their job ids and addresses are alike."""
     script = tmp / "job.sh"
     script.write_text(
         "#!/bin/sh\n"
         "ADDR=$(ip -4 -o addr show eth0 | awk '{print $4}' | cut -d/ -f1)\n"
         "PORT=$((20000 + SLURM_JOB_ID % 10000))\n"
         f"srun {elasticrun()} --nnodes 2 --nproc-per-node 1 --rdzv-endpoint $ADDR:$PORT "
-        f"--rdzv-id $SLURM_JOB_ID --tee 1 --log-dir {tmp / 'logs'} "
+        f"--rdzv-id {tmp.parent.name}-{tmp.name}-$SLURM_JOB_ID --tee 1 "
+        f"--log-dir {tmp / 'logs'} "
         f"--prefix-output-with-timestamp {extra} "
         f"{SCRIPT} --steps {steps} --save-every {SAVE_EVERY} --out {tmp / 'checkpoints'} "
         f"--step-sleep {step_sleep}\n")
