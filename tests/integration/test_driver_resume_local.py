@@ -200,12 +200,13 @@ def test_a_driver_killed_in_a_rendezvous_resumes_it_or_cuts_a_fresh_one(job: Loc
     # The survivors' round (its own, or a fresh one), then the killed worker's new one joins
     survivors = views[1]
     assert (views[0].number, views[0].size) == (1, 4) and survivors.number in (2, 3), views
-    assert survivors.size == 3 and {v.size for v in views[2:]} <= {3, 4}, views
+    assert {v.size for v in views[1:]} <= {3, 4}, views
     if survivors.number == 2:
+        assert survivors.size == 3, views
         assert "a fresh round is cut" not in err
         restores = Counter(r["pid"] for r in read_records(job.logs) if r["event"] == "restore")
         assert all(restores[pid] <= 1 for pid in survivors.ranks_by_pid), restores
-    else:
+    else:  # (the fresh round takes the killed worker's new one too if it is up by then)
         assert "a fresh round is cut: the driver stopped while a round was forming" in err
     assert_no_orphans(job.tag, within=15)
 
