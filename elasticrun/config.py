@@ -8,6 +8,7 @@ from pathlib import Path
 from elasticrun.errors import ConfigError
 
 BACKENDS = ("auto", "gloo", "nccl")  # --backend: which carries CUDA tensors
+STRAGGLERS = ("report", "evict", "off")  # --stragglers: what a persistently slow member gets
 AGENT_LAUNCHERS = ("agent",)  # launchers whose workers run under agents
 # Restarts of a round of scripts that never call er.init(), after a failure, under
 # elasticrun's own form (-np); torchrun's form defaults to torchrun's 0.
@@ -92,6 +93,7 @@ class DriverConfig:
     hang_detection: bool = True  # stalled collectives make the driver look for a hung member
     hang_timeout: float = 5.0  # a silent member whose host cannot say what it does
     stuck_timeout: float = 30.0  # a training thread outside collectives, idle, peers waiting
+    stragglers: str = "report"  # a member persistently slower than its peers: report|evict|off
     network_interface: str | None = None
     output_filename: Path | None = None
     prefix_timestamp: bool = False
@@ -161,6 +163,9 @@ class DriverConfig:
         if self.backend not in BACKENDS:
             raise ConfigError(f"--backend must be one of {', '.join(BACKENDS)}, got "
                               f"{self.backend!r}")
+        if self.stragglers not in STRAGGLERS:
+            raise ConfigError(f"--stragglers must be one of {', '.join(STRAGGLERS)}, got "
+                              f"{self.stragglers!r}")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"--port must be 0..65535, got {self.port}")
         if self.uses_agents and self.agent_token is None:

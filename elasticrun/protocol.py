@@ -39,6 +39,7 @@ ENV_ROUND_TIMEOUT = "ELASTICRUN_ROUND_TIMEOUT"
 ENV_DRIVER_TIMEOUT = "ELASTICRUN_DRIVER_TIMEOUT"
 # "0": this worker does not report stalled collectives (--no-hang-detection).
 ENV_HANG_DETECTION = "ELASTICRUN_HANG_DETECTION"
+ENV_STRAGGLERS = "ELASTICRUN_STRAGGLERS"  # --stragglers: off stops the pace reports
 # --backend auto|gloo|nccl (for CUDA tensors), and the CUDA device a worker is pinned to.
 ENV_BACKEND = "ELASTICRUN_BACKEND"
 # "1" when the job's membership may change (--min-np, --max-np, discovery), else "0".
@@ -109,6 +110,7 @@ PATH_STALLED = "/v1/rendezvous/stalled"  # a collective waits far longer than us
 PATH_INIT = "/v1/rendezvous/init"  # a worker's script calls er.init(): no restart mode
 PATH_TIMELINE = "/v1/timeline"  # a worker's trace events; opens the job's trace file
 PATH_FLASH = "/v1/flash"  # a worker's flash commit cadence (elasticrun.flash)
+PATH_PACE = "/v1/rendezvous/pace"  # a member's busy share outside collectives (stragglers)
 PATH_KV_PREFIX = "/v1/kv/"
 KV_OPS = ("set", "get", "add", "compare_set", "check", "delete", "num_keys", "wait", "multi_get")
 # elasticrun.run(func): the cloudpickled (func, args, kwargs) out, each worker's result in,

@@ -60,6 +60,7 @@ def run(
     hang_detection: bool = True,
     hang_timeout: float = 5.0,
     stuck_timeout: float = 30.0,
+    stragglers: str = "report",
     backend: str = "auto",
     ssh_port: int | None = None,
     ssh_identity_file: str | os.PathLike[str] | None = None,
@@ -172,6 +173,7 @@ def job_settings(func: object, args: object, kwargs: object,
             driver_timeout=opts["driver_timeout"], backend=_text(opts, "backend") or "auto",
             hang_detection=bool(opts["hang_detection"]), hang_timeout=opts["hang_timeout"],
             stuck_timeout=opts["stuck_timeout"],
+            stragglers=_text(opts, "stragglers") or "report",
             launcher=_text(opts, "launcher") or "auto",
             agent_token_file=_path(opts, "agent_token_file"))
     except ConfigError as exc:

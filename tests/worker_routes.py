@@ -35,6 +35,7 @@ VALID: dict[str, dict[str, Any]] = {
     protocol.PATH_FAILING: {"worker_id": "w0", "failure": "boom"},
     protocol.PATH_STALLED: {"worker_id": "w0", "round": 1, "waited_s": 3.0},
     protocol.PATH_INIT: {"worker_id": "w0"},
+    protocol.PATH_PACE: {"worker_id": "w0", "round": 1, "busy": 0.9, "interval_s": 1.0},
     protocol.PATH_FLASH: {"worker_id": "w0", "every": 2, "copy_s": 0.004, "step_s": 0.1,
                           "commits": 40, "skipped": 1},
     protocol.PATH_TIMELINE: {"worker_id": "w0", "rank": 0, "host": "a", "dropped": 1,

@@ -25,6 +25,7 @@ from elasticrun.cli.options import (
     NETWORK_INTERFACE,
     OUTPUT_FILENAME,
     PREFIX_OUTPUT_WITH_TIMESTAMP,
+    STRAGGLERS,
     STUCK_TIMEOUT,
     TIMELINE_FILENAME,
     TIMELINE_MARK_CYCLES,
@@ -118,6 +119,7 @@ from elasticrun.process_setup import setup_logging
 @HANG_DETECTION
 @HANG_TIMEOUT
 @STUCK_TIMEOUT
+@STRAGGLERS
 @BACKEND
 @DRIVER_GRACE
 @click.option("-p", "--ssh-port", "ssh_port", type=click.IntRange(1, 65535),

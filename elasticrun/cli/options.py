@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import click
 
 from elasticrun.config import BACKENDS, DEFAULT_INIT_TIMEOUT_S
+from elasticrun.config import STRAGGLERS as STRAGGLER_MODES
 
 F = TypeVar("F", bound=Callable[..., Any])
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -37,6 +38,12 @@ HANG_DETECTION = click.option(
     help="Find a hung worker (stopped, frozen host, cut link) in about a second, instead of "
          "at the collective timeout: a collective that waits far longer than usual makes the "
          "driver probe the round's members.")
+STRAGGLERS = click.option(
+    "--stragglers", type=click.Choice(STRAGGLER_MODES), default="report", show_default=True,
+    help="A worker persistently slower than its peers (a throttled GPU, a noisy neighbour): "
+         "report names it (log, event, /status, metrics); evict also takes its slot out at "
+         "a commit, when the job keeps --min-np and is projected faster without it (it may "
+         "come back after the blacklist cooldown); off measures nothing.")
 HANG_TIMEOUT = click.option(
     "--hang-timeout", type=float, default=5.0, show_default=True, callback=positive,
     help="Seconds a worker that answers no probe is given when its host cannot say whether "
@@ -84,7 +91,8 @@ LOG_LEVEL = click.option(
 VERBOSE = click.option("--verbose", "-v", is_flag=True, help="Same as --log-level DEBUG.")
 
 # Those torchrun's form takes too (torchrun has no counterpart, nor a clashing name).
-SHARED = (COLLECTIVE_TIMEOUT, HANG_DETECTION, HANG_TIMEOUT, STUCK_TIMEOUT, INIT_TIMEOUT,
+SHARED = (COLLECTIVE_TIMEOUT, HANG_DETECTION, HANG_TIMEOUT, STUCK_TIMEOUT, STRAGGLERS,
+          INIT_TIMEOUT,
           BACKEND, DRIVER_GRACE, NETWORK_INTERFACE, OUTPUT_FILENAME,
           PREFIX_OUTPUT_WITH_TIMESTAMP, EVENT_LOG, TIMELINE_FILENAME, TIMELINE_MARK_CYCLES,
           LOG_LEVEL, VERBOSE)

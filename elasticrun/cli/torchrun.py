@@ -29,6 +29,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 # elasticrun's own options that torchrun's form takes too (options.SHARED) and that go
 # to the driver's config as they are
 OWN_OPTIONS = ("collective_timeout", "hang_detection", "hang_timeout", "stuck_timeout",
+               "stragglers",
                "init_timeout", "backend", "driver_timeout", "network_interface",
                "output_filename", "prefix_output_with_timestamp", "event_log")
 # Accepted, for what elasticrun does differently (docs/migrating/torchrun.md says what)
@@ -61,7 +62,7 @@ def pet(*names: str, **kwargs: Any) -> Callable[[F], F]:
                context_settings={**CONTEXT, "allow_interspersed_args": False},
                epilog="elasticrun's own options taken in this form too: "
                       "--collective-timeout, --hang-detection/--no-hang-detection, "
-                      "--hang-timeout, --stuck-timeout, --init-timeout, --backend, "
+                      "--hang-timeout, --stuck-timeout, --stragglers, --init-timeout, --backend, "
                       "--driver-grace, --network-interface, --output-filename, "
                       "--prefix-output-with-timestamp, --event-log, --timeline-filename, "
                       "--timeline-mark-cycles, --log-level, -v/--verbose (see `elasticrun "

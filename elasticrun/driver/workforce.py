@@ -68,6 +68,7 @@ class Workforce:
             round_timeout=config.start_timeout + config.elastic_timeout,
             driver_timeout=config.driver_timeout, backend=config.backend, elastic=config.elastic,
             hang_detection=config.hang_detection,
+            stragglers=config.stragglers,
             gloo_interface=config.network_interface or ("lo" if all_local else None),
             run_id=run_id, max_restarts=config.max_restarts, torchrun=config.torchrun,
             error_dir=error_dir,

@@ -14,6 +14,8 @@ speaks for it:
 - The root cause. An uncaught exception is told to the driver before the worker exits,
   with what torchrun's @record wrote to TORCHELASTIC_ERROR_FILE (else the exception's
   line), so the job's failure names it.
+- Its pace (stragglers): the time its DDP models' reducers waited for their peers
+  (worker/ddp_pace.py), reported as elasticrun's own collectives report theirs.
 - A torch 2.13 deadlock at exit (worker/gloo_teardown.py): destroy_process_group gives
   Gloo's threads a moment first.
 - Its network. Gloo takes the interface of the host's name unless GLOO_SOCKET_IFNAME says
@@ -35,10 +37,12 @@ from typing import Any
 from elasticrun import protocol
 from elasticrun.netif import interface_towards
 from elasticrun.process_view import thread_activity
-from elasticrun.worker import gloo_teardown
+from elasticrun.worker import gloo_teardown, pace
 from elasticrun.worker.client import DriverClient, DriverUnreachableError, RequestRefusedError
+from elasticrun.worker.ddp_pace import DdpPace
 from elasticrun.worker.liveness import LATE_FACTOR, REPORTERS, STALL_REPEAT_S, StallReporter
 from elasticrun.worker.notices import NoticeWatcher
+from elasticrun.worker.pace import PaceMeter, PaceReporter
 
 log = logging.getLogger("elasticrun.worker")
 
@@ -65,11 +69,20 @@ class Foothold:
         self._thread = threading.get_native_id()
         self._idle_since = time.monotonic()
         self._notices: NoticeWatcher | None = None
+        self._ddp_pace: DdpPace | None = None  # stragglers: its DDP models' pace
+        self._pace: PaceReporter | None = None
 
     def start(self) -> None:
         path = os.environ.get(ERROR_FILE)
         if path:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
+        if pace.measuring():
+            meter = PaceMeter()
+            self._ddp_pace = DdpPace(meter)
+            self._ddp_pace.install()
+            self._pace = PaceReporter(meter, self._client, self._worker_id,
+                                      lambda: self._round, sampled=True)
+            self._pace.start()
         if not self._hang_detection or thread_activity(os.getpid(), self._thread) is None:
             return
         self._notices = NoticeWatcher(self._client, lambda: self._round, lambda _: None,
@@ -84,6 +97,9 @@ class Foothold:
             return
         self._retired.set()
         gloo_teardown.restore()
+        if self._pace is not None and self._ddp_pace is not None:
+            self._pace.stop()
+            self._ddp_pace.uninstall()
         if self._notices is not None:
             self._notices.stop()
         client = self._client.bounded(REPORT_TIMEOUT_S)

@@ -25,6 +25,7 @@ from typing import Any
 from elasticrun import protocol
 from elasticrun.process_view import thread_cpu_seconds
 from elasticrun.worker.client import DriverClient, DriverUnreachableError, RequestRefusedError
+from elasticrun.worker.pace import PaceMeter
 
 log = logging.getLogger("elasticrun.worker")
 
@@ -39,11 +40,12 @@ LATE_FACTOR = 3.0  # the others wait this many bounds, and report if nobody prob
 class CollectiveClock:
     """Whether the training thread is in a collective, since when, and its usual wait."""
 
-    def __init__(self) -> None:
+    def __init__(self, pace: PaceMeter | None = None) -> None:
         self._entered: float | None = None
         self._left = time.monotonic()
         self._thread = threading.main_thread().native_id or 0
         self.usual_s = 0.0
+        self.pace = pace  # (stragglers: what the training thread waited, worker/pace.py)
 
     def stall_after(self) -> float:
         """How long a wait may last before it is reported as a stall."""
@@ -59,11 +61,15 @@ class CollectiveClock:
         self._entered = None
         if completed:  # a wait a broken round cut short says nothing of the usual
             self.usual_s += USUAL_WEIGHT * (now - entered - self.usual_s)
+            if self.pace is not None:
+                self.pace.waited(now - entered)
 
     def restart(self) -> None:
         """A new round: the training thread has been outside collectives since now."""
         self._entered = None
         self._left = time.monotonic()
+        if self.pace is not None:
+            self.pace.restart()
 
     def snapshot(self) -> dict[str, Any]:
         """What a probe answer says (read from another thread: a torn read is harmless)."""
@@ -112,14 +118,18 @@ class StallWatch:
     `probed(round, since)`: whether the driver has probed `round` since that moment."""
 
     def __init__(self, clock: CollectiveClock, reporter: StallReporter,
-                 probed: Callable[[int, float], bool] = lambda number, since: False) -> None:
+                 probed: Callable[[int, float], bool] = lambda number, since: False,
+                 reporting: bool = True) -> None:
         self.clock = clock
         self._reporter = reporter
         self._probed = probed
+        self._reporting = reporting  # False: --no-hang-detection (the clock times pace only)
 
     def stall_after(self, rank: int, size: int) -> tuple[float, bool]:
         """How long this worker's wait may last before it reports it, and whether it is
         one of the round's designated reporters."""
+        if not self._reporting:
+            return float("inf"), False
         designated = rank % max(1, size // REPORTERS) == 0
         bound = self.clock.stall_after()
         return (bound, True) if designated else (LATE_FACTOR * bound, False)
@@ -130,9 +140,12 @@ class StallWatch:
             self._reporter.stalled(round_number, waited_s)
 
 
-def watch_stalls(client: DriverClient, worker_id: str,
-                 probed: Callable[[int, float], bool]) -> StallWatch | None:
-    """A launched worker's watch; None with --no-hang-detection (its waits note nothing)."""
-    if os.environ.get(protocol.ENV_HANG_DETECTION, "1") == "0":
+def watch_stalls(client: DriverClient, worker_id: str, probed: Callable[[int, float], bool],
+                 pace: PaceMeter | None = None) -> StallWatch | None:
+    """A launched worker's watch; None with --no-hang-detection and no `pace` to time
+    (its waits note nothing)."""
+    reporting = os.environ.get(protocol.ENV_HANG_DETECTION, "1") != "0"
+    if not reporting and pace is None:
         return None
-    return StallWatch(CollectiveClock(), StallReporter(client, worker_id), probed)
+    return StallWatch(CollectiveClock(pace), StallReporter(client, worker_id), probed,
+                      reporting)

@@ -58,6 +58,14 @@ class DriverMetrics:
         self.discovery_seconds = Histogram(
             "elasticrun_discovery_seconds", "Duration of one discovery call.",
             buckets=_SECONDS_BUCKETS, registry=r)
+        self.worker_slowdown = Gauge(
+            "elasticrun_worker_slowdown", "Each member's time outside collectives over its "
+            "peers' median, at the latest pace tick (1: keeps pace; 5: holds the others up "
+            "five times over).", ["rank", "host"], registry=r)
+        self.stragglers = Counter(
+            "elasticrun_stragglers", "Members named stragglers, by what was done: reported, "
+            "evicted, kept (evict asked, but --min-np or no gain kept it).", ["action"],
+            registry=r)
         self.events_dropped = Gauge(
             "elasticrun_events_dropped", "Events that could not be delivered to a webhook.",
             registry=r)

@@ -25,7 +25,7 @@ log = logging.getLogger("elasticrun.events")
 EVENT_TYPES = ("job_started", "driver_resumed", "round_started", "round_restarting",
                "host_added", "host_removed", "host_drained", "host_blacklisted",
                "host_restored", "slot_blacklisted", "slot_restored", "worker_failed",
-               "total_loss", "state_restored",
+               "total_loss", "state_restored", "straggler", "straggler_cleared",
                "job_finished", "job_failed")
 HEADER_EVENT = "X-Elasticrun-Event"
 HEADER_TIMESTAMP = "X-Elasticrun-Timestamp"

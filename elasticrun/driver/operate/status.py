@@ -38,6 +38,7 @@ class JobView:
     restarts: int = 0  # whole restarts: a plain round's, or after a total loss
     last_restore: dict[str, Any] | None = None  # the last kept commit restored
     flash_commits: dict[str, Any] | None = None  # their cadence in force (flash_cadence.py)
+    stragglers: dict[str, Any] | None = None  # --stragglers, and each member's pace
 
 
 def host_states(view: JobView) -> dict[str, str]:
@@ -85,6 +86,7 @@ def build_status(view: JobView) -> dict[str, Any]:
         "restarts": view.restarts,
         "last_restore": view.last_restore,
         "flash_commits": view.flash_commits,
+        "stragglers": view.stragglers,
         "np": view.np, "min_np": view.min_np, "max_np": view.max_np,
         "hosts": hosts,
         "blacklist": blacklist,

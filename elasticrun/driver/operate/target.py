@@ -17,6 +17,7 @@ from elasticrun.driver.hosts.watcher import HostWatcher
 from elasticrun.driver.operate.flash_cadence import FlashCadences
 from elasticrun.driver.operate.status import JobView, build_status, count_states, host_states
 from elasticrun.driver.operate.telemetry import Telemetry
+from elasticrun.driver.rounds import stragglers
 from elasticrun.driver.rounds.events import Event, HostsAdded, HostsDrained
 from elasticrun.driver.rounds.state import JobState
 
@@ -52,7 +53,8 @@ class JobOperator:
             epoch=self.epoch, restarts=state.restarts,
             last_restore=self.telemetry.last_restore,
             flash_commits=self.flash.summary(
-                {wid for wid, worker in state.workers.items() if worker.alive}))
+                {wid for wid, worker in state.workers.items() if worker.alive}),
+            stragglers={"mode": config.stragglers, "members": stragglers.pace_view(state)})
 
     def status(self) -> dict[str, Any]:
         return build_status(self.view())

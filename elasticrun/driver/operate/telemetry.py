@@ -150,6 +150,23 @@ class Telemetry:
     def slot_restored(self, host: str, slot: int) -> None:
         self._bus.emit("slot_restored", host=host, slot=slot)
 
+    # --- stragglers (driver/rounds/stragglers.py) --------------------------------------
+    def worker_slowdowns(self, slowdowns: list[tuple[int, str, float]]) -> None:
+        """Each member's slowdown against its peers at the latest tick (1.0: keeps pace)."""
+        gauge = self.metrics.worker_slowdown
+        gauge.clear()  # (the ranks of a new round replace the last one's)
+        for rank, host, slowdown in slowdowns:
+            gauge.labels(str(rank), host).set(slowdown)
+
+    def straggler(self, rank: int, host: str, slowdown: float, action: str, reason: str,
+                  projected_gain: float) -> None:
+        self.metrics.stragglers.labels(action).inc()
+        self._bus.emit("straggler", rank=rank, host=host, slowdown=slowdown, action=action,
+                       reason=reason, projected_gain=projected_gain)
+
+    def straggler_cleared(self, rank: int, host: str, slowdown: float) -> None:
+        self._bus.emit("straggler_cleared", rank=rank, host=host, slowdown=slowdown)
+
     def discovery_polled(self, seconds: float, failed: bool) -> None:
         self.metrics.discovery_seconds.observe(seconds)
         if failed:

@@ -194,6 +194,13 @@ class JobTimeline:
             added = [f"{host}:{slots}" for host, slots in new.items() if old.get(host) != slots]
             removed = [host for host in old if host not in new]
             return mark("hosts changed", added=",".join(added), removed=",".join(removed))
+        if report.name == "straggler":
+            return mark(f"straggler: rank {fields.get('rank')} ({fields.get('action')})",
+                        host=fields.get("host"), slowdown=fields.get("slowdown"),
+                        reason=fields.get("reason"))
+        if report.name == "straggler_cleared":
+            return mark(f"straggler cleared: rank {fields.get('rank')}",
+                        host=fields.get("host"), slowdown=fields.get("slowdown"))
         if report.name == "host_blacklisted":
             return mark("host blacklisted", host=fields.get("host"),
                         cooldown_s=fields.get("cooldown_s"), cause=fields.get("cause"))

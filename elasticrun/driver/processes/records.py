@@ -59,6 +59,7 @@ class EnvSettings:
     backend: str = "auto"
     elastic: bool = True  # the membership may change (process sets are refused then)
     hang_detection: bool = True  # workers report stalled collectives
+    stragglers: str = "report"  # off: workers send no pace reports
     run_id: str = "none"  # TORCHELASTIC_RUN_ID
     max_restarts: int = 0  # TORCHELASTIC_MAX_RESTARTS
     torchrun: TorchrunSettings = field(default_factory=TorchrunSettings)
@@ -114,6 +115,7 @@ def job_env(
         protocol.ENV_BACKEND: settings.backend,
         protocol.ENV_ELASTIC: "1" if settings.elastic else "0",
         protocol.ENV_HANG_DETECTION: "1" if settings.hang_detection else "0",
+        protocol.ENV_STRAGGLERS: settings.stragglers,
         protocol.ENV_SNAPSHOT_DIR: str(settings.snapshot_dir or ""),
         protocol.ENV_CHECKPOINT_DIR: str(settings.checkpoint_dir or ""),
         protocol.ENV_CHECKPOINT_INTERVAL: f"{settings.checkpoint_interval:g}",

@@ -164,6 +164,17 @@ class WorkerStalled:
 
 
 @dataclass(frozen=True)
+class WorkerPaced:
+    """A member's pace over its last `interval_s` of `round`: the share of the time its
+    training thread spent outside collectives (stragglers.py)."""
+
+    worker: str
+    round: int
+    busy: float
+    interval_s: float
+
+
+@dataclass(frozen=True)
 class ProbeAnswered:
     """A member's notice watcher (a thread that does not train) answered probe `probe` of
     `round`. Its training thread is in a collective or not, and has been for `since_s`;
@@ -199,7 +210,7 @@ class Interrupted:
 Event = (JobStarted | JobResumed | WorkerBack | HostsFound | HostsDrained | HostsAdded
          | WorkerStarted | SpawnFailed | WorkerExited | WorkerFailing | JoinAsked | WorkerSynced
          | TimerFired | Interrupted | WorkerStalled | ProbeAnswered | ProcessesInspected
-         | InitCalled | WorkerTrained)
+         | InitCalled | WorkerTrained | WorkerPaced)
 
 
 # --- actions ---------------------------------------------------------------------------------

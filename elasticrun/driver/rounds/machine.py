@@ -29,6 +29,7 @@ from elasticrun.driver.rounds import (
     restarts,
     resume,
     slot_failures,
+    stragglers,
     total_loss,
 )
 from elasticrun.driver.rounds.assignment import SlotId
@@ -52,6 +53,7 @@ from elasticrun.driver.rounds.events import (
     WorkerBack,
     WorkerExited,
     WorkerFailing,
+    WorkerPaced,
     WorkerStalled,
     WorkerStarted,
     WorkerSynced,
@@ -93,6 +95,8 @@ class RoundMachine:
             _timer_fired(step, event)
         elif isinstance(event, ProbeAnswered):
             liveness.answered(step, event)
+        elif isinstance(event, WorkerPaced):
+            stragglers.paced(step, event)
         elif isinstance(event, WorkerStalled):
             liveness.stalled(step, event)
         elif isinstance(event, ProcessesInspected):
@@ -297,6 +301,7 @@ def _forget(step: Step, worker_id: str) -> None:
     state.waiting_joins.pop(worker_id, None)
     state.growth.ids.discard(worker_id)
     state.growth.ready.discard(worker_id)
+    stragglers.forget(step, worker_id)
 
 
 def _finish_if_done(step: Step) -> None:

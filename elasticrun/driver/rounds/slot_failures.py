@@ -36,7 +36,7 @@ def failed(step: Step, worker: WorkerRecord, cause: str) -> None:
     verdict = blame(step, worker, cause)
     if verdict.blame is Blame.HOST or step.stopped:
         return  # its host failed: every worker there is stopped, the round broken
-    group = set(_group(worker.slot, step.config.shard_size))
+    group = set(replica_group(worker.slot, step.config.shard_size))
     peers = [w for w in state.live_on(worker.slot.host)
              if w.slot in group and w.id != worker.id]
     step.stop_workers(peers)
@@ -56,7 +56,7 @@ def blame(step: Step, worker: WorkerRecord, cause: str) -> Verdict:
                 state.trained = True
     slot = worker.slot
     verdict = evidence.charge(state.strikes, slot, cause)
-    if restarts.plain(state) and not _goes_on_without(step, slot, verdict.blame):
+    if restarts.plain(state) and not goes_on_without(step, slot, verdict.blame):
         # --max-restarts bounds a torchrun-style job's repeated failures, as under torchrun
         verdict = Verdict(Blame.NOBODY, verdict.strikes, verdict.slots)
     if verdict.blame is Blame.HOST:
@@ -81,7 +81,7 @@ def blame(step: Step, worker: WorkerRecord, cause: str) -> Verdict:
     return verdict
 
 
-def _goes_on_without(step: Step, slot: SlotId, blame: Blame) -> bool:
+def goes_on_without(step: Step, slot: SlotId, blame: Blame) -> bool:
     """Whether the job keeps --min-np slots without the slot (its replica group) or host
     `blame` would leave out."""
     if blame is Blame.NOBODY:
@@ -91,7 +91,7 @@ def _goes_on_without(step: Step, slot: SlotId, blame: Blame) -> bool:
     if blame is Blame.HOST:
         lost = len(usable.get(slot.host, ()))
     else:
-        lost = len(set(_group(slot, config.shard_size)) & {
+        lost = len(set(replica_group(slot, config.shard_size)) & {
             SlotId(slot.host, i) for i in usable.get(slot.host, ())})
     left = sum(len(indices) for indices in usable.values()) - lost
     return min(left, config.max_np if config.max_np is not None else left) >= config.min_np
@@ -100,7 +100,7 @@ def _goes_on_without(step: Step, slot: SlotId, blame: Blame) -> bool:
 def _blacklist_slots(step: Step, slot: SlotId, cause: str, strikes: int) -> None:
     """Leaves the slot's replica group out, with the hosts' cooldown schedule."""
     registry, now = step.state.hosts, step.now
-    for member in _group(slot, step.config.shard_size):
+    for member in replica_group(slot, step.config.shard_size):
         entry = registry.blacklist_slot(member.host, member.index, now)
         cooldown = None if entry.until is None else entry.until - now
         until = "permanently" if cooldown is None else f"for {cooldown:.1f}s"
@@ -114,7 +114,7 @@ def _blacklist_slots(step: Step, slot: SlotId, cause: str, strikes: int) -> None
     step.state.failed_unsettled.add(slot.host)
 
 
-def _group(slot: SlotId, shard_size: int) -> list[SlotId]:
+def replica_group(slot: SlotId, shard_size: int) -> list[SlotId]:
     """The slots of `slot`'s replica group (itself alone without --shard-size)."""
     first = slot.index - slot.index % shard_size
     return [SlotId(slot.host, index) for index in range(first, first + shard_size)]

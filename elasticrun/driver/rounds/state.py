@@ -15,6 +15,7 @@ from elasticrun.driver.hosts.registry import HostRegistry
 from elasticrun.driver.rounds.assignment import Assignment, SlotId
 from elasticrun.driver.rounds.events import Spawn
 from elasticrun.driver.rounds.evidence import Strikes
+from elasticrun.driver.rounds.pace import PaceBook
 from elasticrun.process_view import ProcessView
 
 
@@ -181,6 +182,7 @@ class JobState:
     growth: Growth = field(default_factory=Growth)
     storm: Storm = field(default_factory=Storm)
     stall: Stall | None = None  # the current round's, while one lasts (liveness.py)
+    pace: PaceBook = field(default_factory=PaceBook)  # the members' pace (stragglers.py)
     probe_seq: int = 0  # the last probe number given out (probes of every round count)
     resume: Resume | None = None  # a resumed driver waiting for its workers (resume.py)
     elastic_scripts: bool = False  # a worker called er.init(): rounds recover in-process

@@ -98,6 +98,7 @@ class WorkerServer:
         app.router.add_post(protocol.PATH_TRAINED, self.rounds.trained)
         app.router.add_post(protocol.PATH_FAILING, self.rounds.failing)
         app.router.add_post(protocol.PATH_STALLED, self.rounds.stalled)
+        app.router.add_post(protocol.PATH_PACE, self.rounds.paced)
         app.router.add_post(protocol.PATH_INIT, self.rounds.init_called)
         app.router.add_post(protocol.PATH_TIMELINE, self.timeline.handle)
         app.router.add_post(protocol.PATH_FLASH, self.flash.handle)

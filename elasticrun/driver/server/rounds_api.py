@@ -23,6 +23,7 @@ from elasticrun.driver.rounds.events import (
     JoinAsked,
     ProbeAnswered,
     WorkerFailing,
+    WorkerPaced,
     WorkerStalled,
     WorkerSynced,
     WorkerTrained,
@@ -152,8 +153,14 @@ class RoundEndpoints:
                                           p.integer(body, "round"),
                                           p.seconds(body, "waited_s")))
 
+    async def paced(self, request: web.Request) -> web.Response:
+        body = request[PAYLOAD]
+        return self._report(WorkerPaced(p.string(body, "worker_id"), p.integer(body, "round"),
+                                        p.number(body, "busy", 0.0, 1.0),
+                                        p.seconds(body, "interval_s")))
+
     def _report(self, event: WorkerSynced | WorkerFailing | WorkerStalled | InitCalled
-                | WorkerTrained) -> web.Response:
+                | WorkerTrained | WorkerPaced) -> web.Response:
         if not self._known(event.worker):
             return p.error(403, "unknown worker")
         self._post(event)

@@ -30,10 +30,11 @@ from elasticrun.torch.world.groups import init_process_group as _init_process_gr
 from elasticrun.torch.world.joining import JoinTiming, join_next_round
 from elasticrun.torch.world.replicas import shard_size_from_env
 from elasticrun.torch.world.session import RoundSession
-from elasticrun.worker import foothold, timeline
+from elasticrun.worker import foothold, pace, timeline
 from elasticrun.worker.client import DriverClient, DriverUnreachableError, RequestRefusedError
 from elasticrun.worker.liveness import StallWatch, watch_stalls
 from elasticrun.worker.notices import NoticeWatcher, ask_round_broken, stop_for_good
+from elasticrun.worker.pace import PaceMeter, PaceReporter
 
 log = logging.getLogger("elasticrun.worker")
 
@@ -70,6 +71,7 @@ class Runtime:
         self.last_join = JoinTiming()
         self.plane = DataPlane()
         self.stall_watch: StallWatch | None = None  # hang detection: launched workers only
+        self.pace: PaceReporter | None = None  # the pace reports (stragglers): the same
         # The commit this worker's last sync restored (number, where from): told to the
         # driver with its next sync report.
         self.restored: tuple[int, str] | None = None
@@ -132,8 +134,12 @@ class Runtime:
             interface = interface_towards(*self.driver_peer)
             if interface:  # the interface that reaches the driver reaches the peers too
                 os.environ["GLOO_SOCKET_IFNAME"] = interface
+        meter = PaceMeter() if pace.measuring() else None
         self.stall_watch = watch = watch_stalls(
-            self.client, self.worker_id, lambda *probe: notices.probed(*probe))
+            self.client, self.worker_id, lambda *probe: notices.probed(*probe), meter)
+        if meter is not None:
+            self.pace = PaceReporter(meter, self.client, self.worker_id, lambda: self.round)
+            self.pace.start()
         self.notices = notices = NoticeWatcher(
             self.client, lambda: self.round, self._round_broken,
             lambda reason: stop_for_good(self.slot.rank, reason), self.worker_id,
@@ -178,6 +184,8 @@ class Runtime:
     def close(self) -> None:
         """Leaves the job for good (at interpreter exit)."""
         self.leave()
+        if self.pace is not None:
+            self.pace.stop()
         timeline.detach()  # the last events, before the client closes (bounded)
         if self.client is not None:
             self.client.close()
@@ -187,6 +195,8 @@ class Runtime:
         rank 0 of a later round is always one that does."""
         if self.client is None:
             return
+        if self.pace is not None:
+            self.pace.meter.restart()  # (the sync's waits say nothing of the members' pace)
         report: dict[str, object] = {"worker_id": self.worker_id, "round": self.round}
         if self.restored is not None:
             report["restored_commit"], report["restored_from"] = self.restored
