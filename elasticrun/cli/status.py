@@ -77,7 +77,26 @@ def format_status(status: dict[str, Any]) -> str:
                      f"(a commit {flash.get('copy_ms')} ms, step {flash.get('step_ms')} ms, "
                      f"{100 * (flash.get('cost') or 0):.2f}% of the time), "
                      f"{flash.get('commits')} written by {flash.get('workers')} worker(s)")
+    pace = _pace(status.get("stragglers"))
+    if pace:
+        lines.append(pace)
     return "\n".join(lines)
+
+
+def _pace(stragglers: Any) -> str:
+    """The members' pace: the stragglers named now, else the slowest member's slowdown."""
+    if not isinstance(stragglers, dict) or not stragglers.get("members"):
+        return ""
+    members = stragglers["members"]
+    named = [m for m in members if m.get("straggler")]
+    mode = f"(--stragglers {stragglers.get('mode')})"
+    if named:
+        return "stragglers: " + ", ".join(
+            f"rank {m.get('rank')} on {m.get('host')} ({m.get('slowdown')}x its peers' pace)"
+            for m in named) + f" {mode}"
+    slowest = max(members, key=lambda m: m.get("slowdown") or 0)
+    return (f"stragglers: none (slowest: rank {slowest.get('rank')} at "
+            f"{slowest.get('slowdown')}x its peers' pace) {mode}")
 
 
 def _until(entry: dict[str, Any]) -> str:

@@ -105,6 +105,7 @@ def test_build_status() -> None:
         "restarts": 0,
         "last_restore": None,
         "flash_commits": None,
+        "stragglers": None,
         "np": 4, "min_np": 2, "max_np": 7,
         "hosts": [
             {"host": "a", "slots": 2, "state": "active", "ranks": [0, 1]},
@@ -160,6 +161,22 @@ def test_status_shows_the_flash_commits_cadence_of_its_live_workers() -> None:
     assert cadences.summary({"w1"}) == {"every_steps": 1, "copy_ms": 1.0, "step_ms": 100.0,
                                         "cost": 0.0099, "workers": 1, "commits": 40,
                                         "skipped": 0}
+
+
+def test_status_names_the_stragglers_or_the_slowest_member() -> None:
+    members = [{"rank": 0, "host": "a", "slowdown": 0.98, "straggler": False},
+               {"rank": 1, "host": "b", "slowdown": 1.07, "straggler": False}]
+    status = build_status(replace(view(), stragglers={"mode": "report", "members": members}))
+    assert status["stragglers"]["members"] == members
+    assert format_status(status).splitlines()[-1] == (
+        "stragglers: none (slowest: rank 1 at 1.07x its peers' pace) (--stragglers report)")
+    members[0].update(slowdown=4.9, straggler=True)
+    status = build_status(replace(view(), stragglers={"mode": "evict", "members": members}))
+    assert format_status(status).splitlines()[-1] == (
+        "stragglers: rank 0 on a (4.9x its peers' pace) (--stragglers evict)")
+    quiet = build_status(replace(view(), stragglers={"mode": "report", "members": []}))
+    assert "stragglers" not in format_status(quiet)  # (before the round's first tick)
+    json.dumps(status)
 
 
 def test_build_status_before_the_first_round() -> None:

@@ -49,6 +49,7 @@ class Track:
 
     slow: deque[bool] = field(default_factory=lambda: deque(maxlen=WINDOW))
     slowdowns: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
+    busy: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
     named: bool = False
 
     def slowdown(self) -> float:
@@ -79,15 +80,15 @@ def slowdowns(busy: Mapping[str, float]) -> dict[str, float]:
     return out
 
 
-def projected_gain(slowdown: Mapping[str, float], straggler: str) -> float:
+def projected_gain(busy: Mapping[str, float], straggler: str) -> float:
     """The job's samples per second without `straggler` over those with it: one member
-    fewer, each step as long as the slowest remaining member's work rather than the
-    straggler's. `slowdown`: each member's typical slowdown (Track.slowdown)."""
-    others = [value for worker, value in slowdown.items() if worker != straggler]
+    fewer, each step as long as the busiest remaining member's work rather than the
+    straggler's. `busy`: each member's typical busy share (typical_busy)."""
+    others = [share for worker, share in busy.items() if worker != straggler]
     if not others:
         return 0.0
-    size = len(slowdown)
-    return (size - 1) / size * slowdown[straggler] / max(IDLE_FLOOR, max(others))
+    size = len(busy)
+    return (size - 1) / size * busy[straggler] / max(IDLE_FLOOR, max(others))
 
 
 def note(book: PaceBook, worker: str, report: PaceReport, now: float) -> None:
@@ -105,8 +106,9 @@ def tick(book: PaceBook, members: Iterable[str], round_number: int,
     busy: dict[str, float] = {}
     for worker in members:
         at, report = book.latest.get(worker, (float("-inf"), None))
-        if report is None or report.round != round_number or now - at > FRESH_S:
-            return None
+        if report is None or report.round != round_number or at <= book.last_tick \
+                or now - at > FRESH_S:
+            return None  # (each tick judges a new report of every member)
         busy[worker] = report.busy
     book.last_tick = now
     for gone in set(book.tracks) - set(members):
@@ -116,6 +118,7 @@ def tick(book: PaceBook, members: Iterable[str], round_number: int,
         track = book.tracks.setdefault(worker, Track())
         track.slow.append(slowdown >= MARGIN)
         track.slowdowns.append(slowdown)
+        track.busy.append(busy[worker])
         count = sum(track.slow)
         if not track.named and count >= PERSIST:
             track.named = True
@@ -126,10 +129,10 @@ def tick(book: PaceBook, members: Iterable[str], round_number: int,
     return changes
 
 
-def typical(book: PaceBook, members: Iterable[str]) -> dict[str, float]:
-    """The members' typical slowdowns over the window (those judged at least once)."""
-    return {worker: book.tracks[worker].slowdown() for worker in members
-            if worker in book.tracks}
+def typical_busy(book: PaceBook, members: Iterable[str]) -> dict[str, float]:
+    """The members' typical busy shares over the window (those judged at least once)."""
+    return {worker: statistics.median(book.tracks[worker].busy) for worker in members
+            if worker in book.tracks and book.tracks[worker].busy}
 
 
 def forget(book: PaceBook, worker: str) -> None:

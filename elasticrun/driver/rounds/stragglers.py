@@ -59,7 +59,7 @@ def _named(step: Step, change: pace.Change, rank: int, host: str) -> None:
     state, config = step.state, step.config
     worker = state.workers[change.worker]
     members = state.round.member_ids if state.round is not None else frozenset()
-    gain = pace.projected_gain(pace.typical(state.pace, members), change.worker)
+    gain = pace.projected_gain(pace.typical_busy(state.pace, members), change.worker)
     action, reason = "reported", "--stragglers report"
     if config.stragglers == EVICT:
         if not slot_failures.goes_on_without(step, worker.slot, Blame.SLOT):
@@ -71,8 +71,9 @@ def _named(step: Step, change: pace.Change, rank: int, host: str) -> None:
         else:
             action, reason = "evicted", (f"the job is projected {gain:.1f}x faster without "
                                          f"it")
-    what = {"reported": "reported only", "kept": "not evicted",
-            "evicted": "it leaves at the next commit"}[action]
+    leaves = "the round restarts without it" if restarts.plain(state) \
+        else "it leaves at the next commit"
+    what = {"reported": "reported only", "kept": "not evicted", "evicted": leaves}[action]
     step.log("warning", f"rank {rank} on host {host} is a straggler: {change.slowdown:.1f}x "
                         f"slower than its peers, for {pace.PERSIST} of the last "
                         f"{pace.WINDOW} seconds; {what} ({reason})")

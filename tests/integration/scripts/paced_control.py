@@ -4,7 +4,8 @@ per step that a test changes per worker, for stragglers.
 Each step sleeps --step-s (the device's work), times a factor read from DIR: the file
 `slow-<pid>` slows this worker alone, `slow-all` every worker (its text: the factor, e.g.
 "5"). A file `pause-<pid>` (its text: seconds) pauses this worker once, then is removed.
-DIR/stop ends training at the next step. Each step prints "step N rank R size W t=T".
+DIR/stop ends training at the next step. Each step prints
+"step N rank R size W host H pid P t=T".
 """
 
 from __future__ import annotations
@@ -51,4 +52,5 @@ def batch(step: int) -> torch.Tensor:
 
 
 def said(step: int, rank: int, size: int) -> None:
-    print(f"step {step} rank {rank} size {size} t={time.time():.3f}", flush=True)
+    print(f"step {step} rank {rank} size {size} host {os.environ.get('ELASTICRUN_HOSTNAME')} "
+          f"pid {os.getpid()} t={time.time():.3f}", flush=True)
