@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
+from elasticrun.driver.operate.telemetry import Telemetry
 from elasticrun.driver.rounds import events as ev
 from elasticrun.driver.rounds.pace import (
     CLEAR,
@@ -168,3 +169,15 @@ def test_off_nothing_is_judged() -> None:
     sim.running({"a": 2, "b": 2})
     actions = paced(sim, 1, 2 * WINDOW)
     assert named(actions) == [] and "worker_slowdowns" not in reports(actions)
+
+
+def test_the_gauge_holds_the_latest_ticks_members_and_the_counter_counts_by_action() -> None:
+    telemetry = Telemetry("job")
+    telemetry.worker_slowdowns([(0, "a", 1.0), (1, "b", 4.9)])
+    telemetry.worker_slowdowns([(0, "a", 1.02), (1, "a", 0.98)])  # a new round's ranks
+    telemetry.straggler(rank=1, host="a", slowdown=4.9, action="kept", reason="r",
+                        projected_gain=0.9)
+    text = telemetry.metrics.render().decode()
+    assert 'elasticrun_worker_slowdown{host="a",rank="1"} 0.98' in text
+    assert 'host="b"' not in text
+    assert 'elasticrun_stragglers_total{action="kept"} 1.0' in text

@@ -125,6 +125,21 @@ def test_driver_lane_rounds_failures_and_host_changes(tmp_path: Path) -> None:
     assert changed["args"] == {"added": "b:1", "removed": ""}
 
 
+def test_driver_lane_marks_a_straggler_and_its_end(tmp_path: Path) -> None:
+    clock = iter([NOW, NOW + 9])
+    job = JobTimeline(tmp_path / "t.json", clock=lambda: next(clock), host="node0")
+    job.start()
+    job.action(ev.Report("straggler", {"rank": 3, "host": "b", "slowdown": 4.9,
+                                       "action": "evicted", "reason": "4x faster",
+                                       "projected_gain": 3.7}))
+    job.action(ev.Report("straggler_cleared", {"rank": 3, "host": "b", "slowdown": 1.0}))
+    job.close()
+    events = [e for e in json.loads((tmp_path / "t.json").read_text()) if e["ph"] != "M"]
+    assert [(e["name"], e["ts"] / 1e6 - NOW) for e in events] == [
+        ("straggler: rank 3 (evicted)", 0), ("straggler cleared: rank 3", 9)]
+    assert events[0]["args"] == {"host": "b", "slowdown": 4.9, "reason": "4x faster"}
+
+
 def test_driver_events_before_a_worker_opens_the_file_are_kept(tmp_path: Path) -> None:
     job = JobTimeline(clock=lambda: NOW, host="h")
     job.start()  # no --timeline-filename: nothing opened, nothing written
