@@ -56,6 +56,12 @@ flash       flash commits: a Hugging Face Trainer, a Lightning fit and a plain D
             torchrun (and an elasticrun.torch script committing every step); and the cost
             of FlashCommits.commit() every step at ~1M, ~10M and ~100M parameters (steps/s
             against the same loop without it, the cadence, the copy's time).
+stragglers  4 workers (2 hosts x 2 on loopback), one made 1.5x, 2x and 5x slower mid-run
+            under --stragglers evict --min-np 2: slowdown -> `straggler` event, its
+            slowdown and action, steps/s before, while slowed and after the eviction (world
+            size 3); the same detection for a torchrun-style DDP script at 5x (report);
+            the measurement's cost (--stragglers off against report, steps/s); false
+            alarms in a run with a 4 s pause of one worker and a job-wide 3x slowdown.
 """
 
 from __future__ import annotations
@@ -89,6 +95,7 @@ BENCHMARKS = {
     "hostile": "hostile",
     "goodput": "goodput",
     "flash": "flash",
+    "stragglers": "stragglers",
 }
 
 

@@ -303,3 +303,25 @@ def test_flash() -> None:
         assert on["stats"]["commits"] >= 1 and on["stats"]["every"] >= 1, on["stats"]
         assert len(on["commit_call_s"]) == len(on["commit_steps"]) >= 1
         assert off["stats"] is None and not off["commit_steps"]
+
+
+def test_stragglers() -> None:
+    """Quick mode: one worker of 4 made 5x slower is named and evicted; the measurement's
+    cost; a run with a pause and a job-wide slowdown names nobody. Four job start-ups are
+    much of its time."""
+    out, result = run_quick("stragglers", timeout=400)
+    assert "stragglers: one of 4 workers" in out and "false alarms" in out
+    assert set(result["detection"]) == {"5x"}
+    [ours] = result["detection"]["5x"]["trials"]
+    assert ours["detected"] and ours["action"] == "evicted" and ours["exit"] == "ok", ours
+    assert 0 < ours["detection_s"] <= ours["eviction_s"] < 60 and ours["slowdown"] >= 1.3
+    assert ours["size_after"] == 3 and ours["victim_exited"], ours
+    assert ours["speedup"] == pytest.approx(ours["after_steps_per_s"] / ours["while_steps_per_s"])
+    assert ours["before_steps_per_s"] > ours["while_steps_per_s"] > 0, ours
+    [pair] = result["cost"]["trials"]
+    assert all(pair[mode]["exit"] == "ok" and pair[mode]["steps_per_s"] > 0
+               for mode in ("off", "report")), pair
+    assert pair["ratio"] == pytest.approx(
+        pair["report"]["steps_per_s"] / pair["off"]["steps_per_s"])
+    [quiet] = result["false_alarms"]["trials"]
+    assert quiet["exit"] == "ok" and quiet["pause_taken"] and quiet["stragglers"] == 0, quiet
