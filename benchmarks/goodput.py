@@ -5,14 +5,16 @@
 accelerator every worker would have: on this machine's 2 shared cores fewer workers would
 otherwise step faster) for goodput_faults.PLAN's 300 s from their first step at full size,
 while its faults strike at fixed times from that step: transient worker deaths (SIGKILL)
-alternating between the hosts, a hung worker (SIGSTOP), every worker killed at once, and
+alternating between the hosts, a hung worker (SIGSTOP), every worker killed at once,
 host 127.0.0.2 gone (its workers killed, and out of discovery, or its torchrun launcher
-killed) and back 25 s later. The tools (TOOLS), all rank 0 writing every step's wall time,
-step and world size:
+killed) and back 25 s later, and a straggler (one slot of 127.0.0.2 5x slower for 25 s, as
+a throttled GPU: model.py's BENCH_SLOW_DIR). The tools (TOOLS), all rank 0 writing every
+step's wall time, step and world size:
 
   elasticrun     scripts/er_soak.py, Horovod-style (er.init, DistributedOptimizer,
                  TorchState, @er.elastic.run), state.commit() every step:
                  elasticrun -np 4 --min-np 2 --host-discovery-script HOSTS.sh (ELASTIC_RANGE)
+                 --stragglers evict
   elasticrun, torchrun script
                  scripts/goodput_ddp.py, plain DDP with its own disk checkpoint every
                  CHECKPOINT_EVERY = 10 steps (restart mode): the same line + --max-restarts 100
@@ -60,12 +62,13 @@ from goodput_tools import (
 )
 
 DDP_SCRIPT = SCRIPTS / "goodput_ddp.py"
+EVICT = ("--stragglers", "evict")  # a straggler leaves at a commit (restart mode: a restart)
 TOOLS: tuple[Tool, ...] = (
-    Elasticrun("elasticrun", SCRIPTS / "er_soak.py"),
+    Elasticrun("elasticrun", SCRIPTS / "er_soak.py", EVICT),
     Elasticrun("elasticrun, torchrun script", DDP_SCRIPT,
-               ("--max-restarts", str(MAX_RESTARTS)), in_quick=False),
+               ("--max-restarts", str(MAX_RESTARTS), *EVICT), in_quick=False),
     Elasticrun("elasticrun, torchrun script + flash commits", DDP_SCRIPT,
-               ("--max-restarts", str(MAX_RESTARTS)), in_quick=False,
+               ("--max-restarts", str(MAX_RESTARTS), *EVICT), in_quick=False,
                env=(("BENCH_FLASH", "1"),)),
     Torchrun("torchrun", DDP_SCRIPT),
 )

@@ -35,6 +35,10 @@ class Target(Protocol):
         """The host is back: listed again, or its launcher started again."""
         ...
 
+    def slow_slot(self, host: str, index: int, factor: float | None) -> None:
+        """Slot `index` of `host` works `factor` times slower (None: at its pace again)."""
+        ...
+
 
 @dataclass(frozen=True)
 class Fault:
@@ -116,9 +120,26 @@ class HostAway(FaultKind):
         target.restore_host(host)
 
 
+@dataclass(frozen=True)
+class SlowSlot(FaultKind):
+    """A straggler: one slot of the host works `factor` times slower (a throttled GPU),
+    whichever worker holds it, while the fault lasts."""
+
+    index: int = 1
+    factor: float = 5.0
+
+    def inject(self, target: Target, host: str) -> str:
+        target.slow_slot(host, self.index, self.factor)
+        return f"slot {host}[{self.index}] {self.factor:g}x slower"
+
+    def restore(self, target: Target, host: str) -> None:
+        target.slow_slot(host, self.index, None)
+
+
 KINDS: dict[str, FaultKind] = {"kill": SignalNewest(signal.SIGKILL, "kill"),
                                "hang": SignalNewest(signal.SIGSTOP, "stop"),
-                               "kill-all": KillAll(), "host-away": HostAway()}
+                               "kill-all": KillAll(), "host-away": HostAway(),
+                               "slow": SlowSlot()}
 
 
 @dataclass(frozen=True)
@@ -134,12 +155,14 @@ class Plan:
         return self.slots * len(HOSTS)
 
 
-# About one fault a minute, each tool given time to recover before the next. The hang comes
+# About one fault a minute, each tool given time to recover before the next; a straggler
+# (one slot 5x slower for 25 s) between the host's return and the next kill. The hang comes
 # last: torchrun takes ~2 minutes over it here (its process group's timeout, 60 s, then its
 # agent's stop of the stopped worker, then a restart).
 PLAN = Plan((Fault(15, "kill", HOST_B), Fault(45, "kill-all"),
-             Fault(75, "host-away", HOST_B, lasts_s=25), Fault(135, "kill", HOST_A),
-             Fault(165, "hang", HOST_A)), duration_s=300.0, slots=2)
+             Fault(75, "host-away", HOST_B, lasts_s=25), Fault(105, "slow", HOST_B, lasts_s=25),
+             Fault(135, "kill", HOST_A), Fault(165, "hang", HOST_A)), duration_s=300.0,
+            slots=2)
 # Quick (the smoke test): the machinery, not the figures. One worker per host (half the
 # start-up), the host away briefly and every worker lost; no hang (torchrun: a minute).
 QUICK_PLAN = Plan((Fault(2, "host-away", HOST_B, lasts_s=3), Fault(6, "kill-all")),

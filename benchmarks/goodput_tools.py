@@ -81,7 +81,7 @@ class Job:
                           "BENCH_CHECKPOINT_DIR": str(self.tmp),
                           "BENCH_CHECKPOINT_EVERY": str(CHECKPOINT_EVERY),
                           "BENCH_PG_TIMEOUT_S": f"{PG_TIMEOUT_S:g}",
-                          "BENCH_DEVICE_S": f"{DEVICE_S:g}"})
+                          "BENCH_DEVICE_S": f"{DEVICE_S:g}", "BENCH_SLOW_DIR": str(self.tmp)})
 
     def poll(self) -> list[dict[str, Any]]:
         new = self._tail.read()
@@ -103,6 +103,16 @@ class Job:
 
     def restore_host(self, host: str) -> None:
         self.tool.restore_host(self, host)
+
+    def slow_slot(self, host: str, index: int, factor: float | None) -> None:
+        """model.py's slowness(): a file its device_time reads at every step."""
+        path = self.tmp / f"slow-{host}-{index}"
+        if factor is None:
+            path.unlink(missing_ok=True)
+            return
+        staged = path.parent / f"{path.name}.new"
+        staged.write_text(f"{factor:g}")
+        os.replace(staged, path)
 
     def wait_until(self, deadline: float) -> bool:
         """Sleeps until time.time() reaches `deadline`; False (at once) if the job ended."""

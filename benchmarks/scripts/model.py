@@ -9,7 +9,8 @@ the current GPU), BENCH_NCCL_HOST_PER_WORKER=1 (each worker its own NCCL host id
 that several ranks can share one GPU over NCCL's sockets), BENCH_PROFILE (rank 0 writes
 torch profiler's tables of steps PROFILE_STEPS to this file, and their trace, for
 chrome://tracing or Perfetto, beside it with ".trace.json" added), BENCH_DEVICE_S (see
-device_time; default 0).
+device_time; default 0), BENCH_SLOW_DIR (device_time: a file slow-<host>-<local rank>
+there makes that slot's device time that many times longer: a throttled GPU).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import json
 import math
 import os
 import time
+from pathlib import Path
 
 import torch
 
@@ -32,6 +34,7 @@ DEVICE = torch.device(os.environ.get("BENCH_DEVICE", "cpu"))
 if os.environ.get("BENCH_NCCL_HOST_PER_WORKER") == "1":
     os.environ["NCCL_HOSTID"] = f"elasticrun-bench-{os.getpid()}"
 DEVICE_S = float(os.environ.get("BENCH_DEVICE_S", "0"))
+SLOW_DIR = os.environ.get("BENCH_SLOW_DIR", "")
 PROFILE = os.environ.get("BENCH_PROFILE", "")
 PROFILE_STEPS = (30, 50)
 BATCH = 32
@@ -60,7 +63,21 @@ def device_time() -> None:
     cores, a step's time then depends on the world size as it does where each worker has a
     device of its own, not on how many processes share the cores."""
     if DEVICE_S:
-        time.sleep(DEVICE_S)
+        time.sleep(DEVICE_S * slowness())
+
+
+def slowness() -> float:
+    """How many times slower this worker's slot is (SLOW_DIR/slow-<host>-<local rank>):
+    the slot's, not the process's, as a throttled GPU stays so for whichever worker uses
+    it."""
+    if not SLOW_DIR:
+        return 1.0
+    host = os.environ.get("ELASTICRUN_HOSTNAME") or os.environ.get("BENCH_HOST", "")
+    try:
+        return float(Path(SLOW_DIR, f"slow-{host}-{os.environ.get('LOCAL_RANK', '0')}")
+                     .read_text())
+    except (OSError, ValueError):
+        return 1.0
 
 
 def batch(rank: int) -> tuple[torch.Tensor, torch.Tensor]:

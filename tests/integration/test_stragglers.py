@@ -67,11 +67,18 @@ class PacedJob:
         (self.control / "stop").touch()
         return self.job.finish()
 
+    def __enter__(self) -> PacedJob:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        if kind is not None:  # (a failed wait: nothing of the job is left either)
+            self.job.finish()
+
 
 def test_a_slow_worker_is_evicted_at_a_commit_and_the_job_speeds_up(tmp_path: Path) -> None:
-    paced = PacedJob(tmp_path, "paced_train.py", "-np", "4", "--min-np", "2",
-                     "--stragglers", "evict", "--blacklist-cooldown-range", "600", "600")
-    try:
+    flags = ("-np", "4", "--min-np", "2", "--stragglers", "evict",
+             "--blacklist-cooldown-range", "600", "600")
+    with PacedJob(tmp_path, "paced_train.py", *flags) as paced:
         victim = paced.worker_on("127.0.0.1")
         others = {pid for *_, pid, _ in paced.steps()} - {victim}
         slowed = paced.slow(f"slow-{victim}", 5)
@@ -84,9 +91,6 @@ def test_a_slow_worker_is_evicted_at_a_commit_and_the_job_speeds_up(tmp_path: Pa
         time.sleep(6)
         before_stop = time.time()
         code = paced.stop()
-    except BaseException:
-        paced.job.finish()
-        raise
     assert code == 0, paced.job.stderr[-3000:]
     assert "this worker leaves the job (no place in the new round)" in paced.job.stderr
     after = {pid for _, _, size, _, pid, _ in paced.steps() if size == 3}
@@ -99,16 +103,12 @@ def test_a_slow_worker_is_evicted_at_a_commit_and_the_job_speeds_up(tmp_path: Pa
 def test_a_torchrun_style_straggler_is_named_and_kept_at_min_np(tmp_path: Path) -> None:
     """An unmodified DDP script: its reducer's timings name the slow worker; --min-np at its
     default (-np 4) keeps it in, and the event says why."""
-    paced = PacedJob(tmp_path, "paced_ddp.py", "-np", "4", "--stragglers", "evict")
-    try:
+    with PacedJob(tmp_path, "paced_ddp.py", "-np", "4", "--stragglers", "evict") as paced:
         victim = paced.worker_on("127.0.0.1")
         paced.slow(f"slow-{victim}", 5)
         event = paced.wait_event("straggler", timeout=60)
         time.sleep(2)
         code = paced.stop()
-    except BaseException:
-        paced.job.finish()
-        raise
     assert code == 0, paced.job.stderr[-3000:]
     assert (event["host"], event["action"]) == ("127.0.0.1", "kept"), event
     assert event["reason"] == "without it the job would have fewer than --min-np 4 slots"
@@ -118,8 +118,7 @@ def test_a_torchrun_style_straggler_is_named_and_kept_at_min_np(tmp_path: Path) 
 
 
 def test_a_pause_and_a_job_wide_slowdown_name_nobody(tmp_path: Path) -> None:
-    paced = PacedJob(tmp_path, "paced_train.py", "-np", "4")
-    try:
+    with PacedJob(tmp_path, "paced_train.py", "-np", "4") as paced:
         paced.slow(f"pause-{paced.worker_on('127.0.0.1')}", 4)  # one worker pauses 4 s once
         time.sleep(10)
         paced.slow("slow-all", 3)  # then every worker is 3x slower, for 12 s
@@ -127,9 +126,6 @@ def test_a_pause_and_a_job_wide_slowdown_name_nobody(tmp_path: Path) -> None:
         (paced.control / "slow-all").unlink()
         time.sleep(3)
         code = paced.stop()
-    except BaseException:
-        paced.job.finish()
-        raise
     assert code == 0, paced.job.stderr[-3000:]
     assert paced.events_of("straggler") == [] and "straggler" not in paced.job.stderr
     assert {size for _, _, size, *_ in paced.steps()} == {4}
