@@ -66,9 +66,10 @@ def main_error(capsys: pytest.CaptureFixture[str], *args: str) -> str:
 
 def test_file_values_reach_the_config(tmp_path: Path, captured: dict[str, Any]) -> None:
     job = write(tmp_path, "np: 4\nmin_np: 2\nmax-np: 8\ndiscovery-interval: 0.5\n"
-                          "ssh-port: 2222\nnetwork-interface: eth1\n")
+                          "ssh-port: 2222\nnetwork-interface: eth1\nstragglers: evict\n")
     seen = run_cli(captured, "--config-file", str(job), "python", "train.py")
     assert (seen["np"], seen["min_np"], seen["max_np"]) == (4, 2, 8)
+    assert seen["stragglers"] == "evict"
     assert seen["discovery_interval"] == 0.5 and seen["ssh_port"] == 2222
     assert seen["network_interface"] == "eth1"
     assert seen["command"] == ("python", "train.py")

@@ -62,7 +62,8 @@ def test_the_cli_settings_reach_the_config() -> None:
                       elastic_timeout=5, start_timeout=7.5, ssh_port=2222,
                       ssh_identity_file="~/.ssh/k", network_interface="eth0",
                       output_filename="out", executable="/opt/py/bin/python",
-                      blacklist_cooldown_range=(1, 2), working_dir="/tmp").config
+                      blacklist_cooldown_range=(1, 2), working_dir="/tmp",
+                      stragglers="evict").config
     assert config.hosts == (("node1", 2), ("node2", 2))
     assert (config.np, config.min_np, config.max_np, config.reset_limit) == (4, 2, 8, 3)
     assert (config.elastic_timeout, config.start_timeout, config.ssh_port) == (5, 7.5, 2222)
@@ -70,6 +71,7 @@ def test_the_cli_settings_reach_the_config() -> None:
     assert config.output_filename == Path("out") and config.network_interface == "eth0"
     assert config.command[0] == "/opt/py/bin/python"
     assert config.blacklist_cooldown == (1.0, 2.0) and config.working_dir == Path("/tmp")
+    assert config.stragglers == "evict"
 
 
 def test_horovods_names_are_accepted() -> None:
@@ -106,6 +108,7 @@ def test_horovods_names_are_accepted() -> None:
     ({"np": 2, "env": {"A": 1}}, "env: 'A'=1"),
     ({"np": 2, "env": ["A=1"]}, "env must be a dict"),
     ({"np": 2, "log_level": "LOUD"}, "log_level must be one of"),
+    ({"np": 2, "stragglers": "kick"}, "stragglers must be one of report, evict, off, got "),
     ({"np": 2, "blacklist_cooldown_range": (2,)}, "blacklist_cooldown_range must be"),
     ({"np": 2, "min_np": 3}, "min_np must be between 1 and np (2), got 3"),
     ({"np": 4, "max_np": 3}, "max_np must be at least np (4), got 3"),

@@ -120,6 +120,7 @@ SPELLINGS = [
     # elasticrun's own options, taken in this form too
     (["--collective-timeout", "9"], "collective_timeout", 9.0),
     (["--no-hang-detection"], "hang_detection", False),
+    (["--stragglers", "evict"], "stragglers", "evict"),
     (["--init-timeout=9"], "init_timeout", 9.0),
     (["--backend", "gloo"], "backend", "gloo"),
     (["--driver-grace", "9"], "driver_timeout", 9.0),
