@@ -32,8 +32,8 @@ first step at full size; "samples goodput" weighs each step by its world size. P
 steps redone (rolled back), seconds below full size, seconds to the first step after it
 (goodput_report.py defines each). Draws results/goodput.png (goodput-quick.png). Quick mode
 (QUICK_PLAN): 1 worker per host, 10 s, two faults, and not the second and third tools (the
-first's launcher with the last's script). BENCH_GOODPUT_TOOLS (names, comma-separated) runs
-some tools only.
+first's launcher with the last's script). BENCH_GOODPUT_TOOLS (names, separated by ";")
+runs some tools only.
 """
 
 from __future__ import annotations
@@ -129,8 +129,10 @@ def trial(tool: Tool, plan: Plan) -> dict[str, Any]:
 
 def bench(trials: int, quick: bool) -> dict[str, Any]:
     plan = QUICK_PLAN if quick else PLAN
-    tools = [tool for tool in TOOLS if (tool.in_quick or not quick) and tool.name in os.environ.get(
-        "BENCH_GOODPUT_TOOLS", tool.name).split(",")]
+    wanted = os.environ.get("BENCH_GOODPUT_TOOLS")  # (names hold commas: ";" separates)
+    named = None if wanted is None else {name.strip() for name in wanted.split(";")}
+    tools = [tool for tool in TOOLS
+             if (tool.in_quick or not quick) and (named is None or tool.name in named)]
     runs: dict[str, list[dict[str, Any]]] = {tool.name: [] for tool in tools}
     for _ in range(trials):  # interleaved, so that drift of the machine hits every tool
         for tool in tools:
