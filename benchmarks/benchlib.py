@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -79,6 +79,25 @@ def free_port() -> int:
 
 def median(values: Iterable[float]) -> float:
     return statistics.median(list(values))
+
+
+class ByLauncher:
+    """Trials by launcher (`trials`), for a benchmark's results class to inherit: a trial
+    holding "error" did not run to its end and is left out of every figure."""
+
+    trials: dict[str, list[dict[str, Any]]]
+
+    def ok(self, launcher: str) -> list[dict[str, Any]]:
+        return [t for t in self.trials.get(launcher, []) if "error" not in t]
+
+    def stat(self, launcher: str, key: str, how: Callable[[list[float]], float] = median
+             ) -> float:
+        return how([t[key] for t in self.ok(launcher)])
+
+    def spread(self, launcher: str, keys: Iterable[str]) -> dict[str, dict[str, float]]:
+        """Median, min and max of each key over the launcher's finished trials."""
+        return {k: {"median": self.stat(launcher, k), "min": self.stat(launcher, k, min),
+                    "max": self.stat(launcher, k, max)} for k in keys}
 
 
 def summarize(trials: Sequence[Mapping[str, float]]) -> dict[str, float]:

@@ -51,7 +51,6 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,6 +61,7 @@ from benchlib import (
     REPO,
     SCRIPTS,
     TORCHRUN_WORKAROUND,
+    ByLauncher,
     Jobs,
     bench_env,
     elasticrun_command,
@@ -198,21 +198,13 @@ def elastic_trial(case: Case, tmp: Path) -> dict[str, Any]:
 
 
 @dataclass
-class Restarts:
+class Restarts(ByLauncher):
     case: Case
     trials: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
-    def ok(self, launcher: str) -> list[dict[str, Any]]:
-        return [t for t in self.trials.get(launcher, []) if "error" not in t]
-
-    def stat(self, launcher: str, key: str, how: Callable[[list[float]], float] = median
-             ) -> float:
-        return how([t[key] for t in self.ok(launcher)])
-
     def summary(self) -> dict[str, Any]:
         keys = ("last_step", "resumed_from", "steps_redone", "resume_s")
-        return {launcher: {k: {"median": self.stat(launcher, k), "min": self.stat(launcher, k, min),
-                               "max": self.stat(launcher, k, max)} for k in keys}
+        return {launcher: self.spread(launcher, keys)
                 for launcher in self.case.launchers if self.ok(launcher)}
 
 

@@ -37,7 +37,6 @@ import re
 import signal
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +46,7 @@ from benchlib import (
     REPO,
     SCRIPTS,
     TORCHRUN_WORKAROUND,
+    ByLauncher,
     bench_env,
     median,
     print_table,
@@ -246,16 +246,9 @@ def _driver_split(event_log: Path, killed: float) -> dict[str, float]:
 
 # --- the benchmark ------------------------------------------------------------------------
 @dataclass
-class Results:
+class Results(ByLauncher):
     case: Case
     trials: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-
-    def ok(self, launcher: str) -> list[dict[str, Any]]:
-        return [t for t in self.trials.get(launcher, []) if "error" not in t]
-
-    def stat(self, launcher: str, key: str, how: Callable[[list[float]], float] = median
-             ) -> float:
-        return how([t[key] for t in self.ok(launcher)])
 
     def ratio(self) -> float:
         """torchrun's median resume over elasticrun's."""
@@ -268,9 +261,7 @@ class Results:
             if not ok:
                 continue
             keys = [k for k, v in ok[0].items() if isinstance(v, (int, float))]
-            result[launcher] = {k: {"median": self.stat(launcher, k),
-                                    "min": self.stat(launcher, k, min),
-                                    "max": self.stat(launcher, k, max)} for k in keys}
+            result[launcher] = self.spread(launcher, keys)
         if len(result) == len(LAUNCHERS):
             result["ratio"] = self.ratio()
         return result
