@@ -222,9 +222,11 @@ state = er.elastic.ObjectState(step=0)
 def train(state):
     while state.step < 20:
         state.step += 1
-        state.commit()
         if state.step == 3 and not os.environ.get("ELASTICRUN_RESTORE"):
-            os.kill(os.getpid(), signal.SIGKILL)  # every worker of the first round
+            # every worker of the first round, before step 3's commit: none can complete it
+            # and go on alone (killed after it, a slower peer's commit could fail first)
+            os.kill(os.getpid(), signal.SIGKILL)
+        state.commit()
 
 train(state)
 """
