@@ -2,7 +2,7 @@
 whose N workers run under simulated agents, SIGKILLed once round 1 is complete, and a
 driver resumed AWAY_S later (--resume) taking them back.
 
-The agents (HOSTS = N/8, 8 slots each) speak the real agent protocol (launch/agent_wire.py)
+The agents (HOSTS = N/8, 8 slots each) speak the real agent protocol (launch/agents/wire.py)
 over aiohttp WebSockets, signed with the agent token, as `elasticrun agent` does: hello,
 "started" for each worker the driver starts (its sealed environment opened with the token),
 "inspected" (running) when asked; on losing the driver they reconnect on the real agent's
@@ -43,7 +43,7 @@ from benchlib import (
 from rendezvous_clients import SLOTS_PER_HOST, Connection, pace_collector, raise_fd_limit
 
 from elasticrun import protocol
-from elasticrun.launch import agent_wire as wire
+from elasticrun.launch.agents import wire
 
 SIZES, QUICK_SIZES = [256, 1024], [64]
 AWAY_S, QUICK_AWAY_S = 2.0, 0.5

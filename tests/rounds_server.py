@@ -21,7 +21,6 @@ from typing import Any
 
 from aiohttp import web
 
-from elasticrun.config import DriverConfig
 from elasticrun.driver.processes.records import new_worker_id
 from elasticrun.driver.queue import EventQueue
 from elasticrun.driver.rounds import events as ev
@@ -31,6 +30,7 @@ from elasticrun.driver.rounds.state import JobPhase, JobState, Round, WorkerReco
 from elasticrun.driver.server.app import WorkerServer
 from elasticrun.driver.server.kvstore import KVStore
 from elasticrun.driver.server.rounds_api import RoundEndpoints
+from elasticrun.job.config import DriverConfig
 from elasticrun.protocol import HostUpdateResult, JoinReply
 
 # A join without a place is held (a last copy of the committed state) for start_timeout +

@@ -22,7 +22,6 @@ import sys
 import time
 
 from elasticrun import protocol
-from elasticrun.config import DriverConfig
 from elasticrun.driver.processes.records import new_worker_id
 from elasticrun.driver.queue import EventQueue
 from elasticrun.driver.rounds import events as ev
@@ -30,6 +29,7 @@ from elasticrun.driver.rounds.assignment import SlotId, assign
 from elasticrun.driver.rounds.machine import RoundMachine
 from elasticrun.driver.rounds.state import JobPhase, Round, WorkerRecord
 from elasticrun.driver.server.app import WorkerServer
+from elasticrun.job.config import DriverConfig
 
 SLOTS_PER_HOST = 8
 

@@ -14,7 +14,7 @@ from collections import deque
 
 import aiohttp
 
-from elasticrun.launch import agent_wire as wire
+from elasticrun.launch.agents import wire
 
 OUTBOX_BYTES = 8 * 1024 * 1024  # output kept while the driver is away; older output is dropped
 

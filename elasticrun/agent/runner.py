@@ -30,9 +30,9 @@ import aiohttp
 from elasticrun import protocol
 from elasticrun.agent.outbox import Outbox
 from elasticrun.agent.workers import AgentWorkers
-from elasticrun.launch import agent_wire as wire
-from elasticrun.loop_signals import handling
-from elasticrun.timed import within
+from elasticrun.launch.agents import wire
+from elasticrun.system.loop_signals import handling
+from elasticrun.system.timed import within
 
 log = logging.getLogger("elasticrun.agent")
 

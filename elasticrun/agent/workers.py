@@ -1,5 +1,5 @@
 """The workers one agent runs: local subprocesses that die with the agent (SIGKILL, the
-parent-death signal), forked from a worker template when they can be (launch/forked.py),
+parent-death signal), forked from a worker template when they can be (launch/local/forked.py),
 whose output, start and exit become messages for the driver.
 
 A start runs beside the agent's connection, never in its way: the first one starts the
@@ -20,14 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from elasticrun import protocol
-from elasticrun.errors import SpawnError
-from elasticrun.launch import agent_wire as wire
+from elasticrun.job.errors import SpawnError
+from elasticrun.launch.agents import wire
 from elasticrun.launch.base import launcher_env
-from elasticrun.launch.forked import ForkedProcess, Forker
-from elasticrun.launch.local import LocalProcess, start_local
-from elasticrun.process_view import ProcessState, ProcessView
-from elasticrun.spawning import die_with_parent
-from elasticrun.timed import within
+from elasticrun.launch.local.forked import ForkedProcess, Forker
+from elasticrun.launch.local.launcher import LocalProcess, start_local
+from elasticrun.system.process_view import ProcessState, ProcessView
+from elasticrun.system.spawning import die_with_parent
+from elasticrun.system.timed import within
 
 log = logging.getLogger("elasticrun.agent")
 

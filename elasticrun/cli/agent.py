@@ -14,9 +14,9 @@ from elasticrun import protocol
 from elasticrun.agent.runner import Agent, AgentSettings
 from elasticrun.cli.options import CONTEXT, positive
 from elasticrun.discovery.parsing import MAX_SLOTS_PER_HOST, check_host
-from elasticrun.errors import ConfigError
-from elasticrun.process_setup import setup_logging
-from elasticrun.tokens import MIN_TOKEN_LENGTH, read_secret
+from elasticrun.job.errors import ConfigError
+from elasticrun.job.tokens import MIN_TOKEN_LENGTH, read_secret
+from elasticrun.system.process_setup import setup_logging
 
 
 @click.command(context_settings=CONTEXT)

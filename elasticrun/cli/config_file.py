@@ -22,7 +22,7 @@ from typing import Any
 
 import click
 
-from elasticrun.errors import ConfigError
+from elasticrun.job.errors import ConfigError
 
 MAX_BYTES = 1 << 20
 

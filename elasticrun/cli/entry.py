@@ -14,7 +14,7 @@ from elasticrun.cli.forms import TORCHRUN, FormTables, choose_form, mixed
 from elasticrun.cli.horovodrun import cli
 from elasticrun.cli.torchrun import torchrun_cli
 from elasticrun.driver.journal import command_line
-from elasticrun.errors import ConfigError, DiscoveryError, ElasticrunError
+from elasticrun.job.errors import ConfigError, DiscoveryError, ElasticrunError
 
 
 @functools.cache

@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from elasticrun import __version__
+from elasticrun.api.job_config import build_config
 from elasticrun.cli.config_file import config_file_callback
 from elasticrun.cli.job import run_job
 from elasticrun.cli.options import (
@@ -32,9 +33,8 @@ from elasticrun.cli.options import (
     VERBOSE,
     positive,
 )
-from elasticrun.config import DEFAULT_CHECKPOINT_INTERVAL_S, DEFAULT_MAX_RESTARTS
-from elasticrun.job_config import build_config
-from elasticrun.process_setup import setup_logging
+from elasticrun.job.config import DEFAULT_CHECKPOINT_INTERVAL_S, DEFAULT_MAX_RESTARTS
+from elasticrun.system.process_setup import setup_logging
 
 
 @click.command(context_settings={**CONTEXT, "allow_interspersed_args": False})

@@ -8,14 +8,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from elasticrun.config import DriverConfig
+from elasticrun.api.job_config import build_parts
 from elasticrun.driver.driver import Driver
 from elasticrun.driver.journal import command_line
 from elasticrun.driver.journal.opening import refuse_a_running_job
 from elasticrun.driver.processes.output import OutputRouter, WorkerLogs
-from elasticrun.errors import ConfigError
-from elasticrun.job_config import build_parts
-from elasticrun.process_setup import raise_open_file_limit
+from elasticrun.job.config import DriverConfig
+from elasticrun.job.errors import ConfigError
+from elasticrun.system.process_setup import raise_open_file_limit
 
 
 def run_job(config: DriverConfig, argv: Sequence[str]) -> int:

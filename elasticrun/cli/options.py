@@ -10,8 +10,8 @@ from typing import Any, TypeVar
 
 import click
 
-from elasticrun.config import BACKENDS, DEFAULT_INIT_TIMEOUT_S
-from elasticrun.config import STRAGGLERS as STRAGGLER_MODES
+from elasticrun.job.config import BACKENDS, DEFAULT_INIT_TIMEOUT_S
+from elasticrun.job.config import STRAGGLERS as STRAGGLER_MODES
 
 F = TypeVar("F", bound=Callable[..., Any])
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}

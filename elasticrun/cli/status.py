@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from elasticrun.errors import ElasticrunError
+from elasticrun.job.errors import ElasticrunError
 
 
 def fetch_status(url: str, timeout: float) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from elasticrun.cli.machine import cpu_count, gpu_count
 from elasticrun.cli.options import CONTEXT, shared_options
 from elasticrun.cli.torchrun_args import DEFAULT_SIGNALS, Devices, TorchrunArgs, parse_args
 from elasticrun.cli.torchrun_launch import launch
-from elasticrun.process_setup import setup_logging
+from elasticrun.system.process_setup import setup_logging
 
 F = TypeVar("F", bound=Callable[..., Any])
 # elasticrun's own options that torchrun's form takes too (options.SHARED) and that go

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from elasticrun.config import TorchrunSettings
 from elasticrun.driver.processes.output import EVERY_LOCAL_RANK, Streams
-from elasticrun.errors import ConfigError
+from elasticrun.job.config import TorchrunSettings
+from elasticrun.job.errors import ConfigError
 
 C10D_DEFAULT_PORT = 29400  # torchrun's c10d endpoint without a port
 STATIC_DEFAULT_PORT = 29500  # torchrun's --master-port when not given

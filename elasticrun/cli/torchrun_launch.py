@@ -32,11 +32,11 @@ from elasticrun.cli.torchrun_plan import (
     nodes_driver_config,
     plan,
 )
-from elasticrun.config import DriverConfig, TorchrunSettings
 from elasticrun.discovery.parsing import check_host
-from elasticrun.errors import ConfigError
-from elasticrun.spawning import die_with_parent
-from elasticrun.tokens import MIN_TOKEN_LENGTH, read_secret
+from elasticrun.job.config import DriverConfig, TorchrunSettings
+from elasticrun.job.errors import ConfigError
+from elasticrun.job.tokens import MIN_TOKEN_LENGTH, read_secret
+from elasticrun.system.spawning import die_with_parent
 
 log = logging.getLogger("elasticrun")
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from elasticrun.agent.runner import REFUSED_EXIT, AgentSettings
+from elasticrun.api.job_config import build_config
 from elasticrun.cli.torchrun_args import (
     C10D_DEFAULT_PORT,
     JOIN_TIMEOUT_S,
@@ -25,9 +26,8 @@ from elasticrun.cli.torchrun_args import (
     TorchrunArgs,
     parse_endpoint,
 )
-from elasticrun.config import DriverConfig
-from elasticrun.errors import ConfigError
-from elasticrun.job_config import build_config
+from elasticrun.job.config import DriverConfig
+from elasticrun.job.errors import ConfigError
 
 ONE_NODE_START_TIMEOUT_S = 30.0  # elasticrun's --start-timeout default
 TOKEN_PREFIX = "elasticrun torchrun-form agent token v1:"

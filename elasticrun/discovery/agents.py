@@ -1,7 +1,7 @@
 """`--discovery agents`: the hosts are those whose `elasticrun agent` is connected now.
 
 An agent that connects is a host added; one that goes away is a host removed (and, if its
-workers were running, failed: launch/agent_hub.py). The driver's watcher is woken at each
+workers were running, failed: launch/agents/hub.py). The driver's watcher is woken at each
 change, so a new agent is seen at once rather than at the next poll.
 """
 
@@ -11,7 +11,7 @@ from typing import Protocol
 
 from elasticrun.discovery.base import HostSlots
 from elasticrun.discovery.plugins import DiscoveryOptions
-from elasticrun.errors import ConfigError
+from elasticrun.job.errors import ConfigError
 
 
 class ConnectedAgents(Protocol):

@@ -12,7 +12,7 @@ class HostDiscovery(Protocol):
     """Finds the hosts a job may use right now.
 
     `find_hosts` returns {host: slots} in a stable order, and raises
-    `elasticrun.errors.DiscoveryError` with a one-line reason when it cannot tell.
+    `elasticrun.job.errors.DiscoveryError` with a one-line reason when it cannot tell.
     """
 
     async def find_hosts(self) -> HostSlots: ...

@@ -11,10 +11,10 @@ import asyncio
 import signal
 from collections.abc import Mapping, Sequence
 
-from elasticrun.errors import DiscoveryError
-from elasticrun.printable import printable
-from elasticrun.spawning import die_with_parent, kill_session, signal_session, spawn_session
-from elasticrun.timed import within
+from elasticrun.job.errors import DiscoveryError
+from elasticrun.system.printable import printable
+from elasticrun.system.spawning import die_with_parent, kill_session, signal_session, spawn_session
+from elasticrun.system.timed import within
 
 MAX_OUTPUT_BYTES = 1024 * 1024
 STDERR_TAIL_BYTES = 4096

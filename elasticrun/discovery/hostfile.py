@@ -7,7 +7,7 @@ from pathlib import Path
 from elasticrun.discovery.base import HostSlots
 from elasticrun.discovery.parsing import parse_host_lines
 from elasticrun.discovery.plugins import DiscoveryOptions
-from elasticrun.errors import ConfigError, DiscoveryError
+from elasticrun.job.errors import ConfigError, DiscoveryError
 
 
 class HostfileDiscovery:

@@ -21,8 +21,8 @@ import re
 from collections.abc import Iterable
 
 from elasticrun.discovery.base import HostSlots
-from elasticrun.errors import DiscoveryError
-from elasticrun.printable import printable
+from elasticrun.job.errors import DiscoveryError
+from elasticrun.system.printable import printable
 
 _LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
 _SCOPE = re.compile(r"[0-9]{1,10}|[A-Za-z0-9_.-]{1,15}")

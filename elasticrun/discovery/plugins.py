@@ -15,10 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from elasticrun import plugins
 from elasticrun.discovery.base import HostDiscovery
-from elasticrun.errors import ConfigError
-from elasticrun.plugins import PluginSpec
+from elasticrun.job import plugins
+from elasticrun.job.errors import ConfigError
+from elasticrun.job.plugins import PluginSpec
 
 ENTRY_POINT_GROUP = "elasticrun.discovery"
 FLAG = "--discovery"

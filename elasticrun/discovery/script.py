@@ -9,7 +9,7 @@ from elasticrun.discovery.base import HostSlots
 from elasticrun.discovery.commands import run_command
 from elasticrun.discovery.parsing import parse_host_lines
 from elasticrun.discovery.plugins import DiscoveryOptions
-from elasticrun.errors import ConfigError, DiscoveryError
+from elasticrun.job.errors import ConfigError, DiscoveryError
 
 
 class ScriptDiscovery:

@@ -17,7 +17,7 @@ from elasticrun.discovery.base import HostSlots
 from elasticrun.discovery.commands import run_command
 from elasticrun.discovery.parsing import check_host
 from elasticrun.discovery.plugins import DiscoveryOptions
-from elasticrun.errors import ConfigError, DiscoveryError
+from elasticrun.job.errors import ConfigError, DiscoveryError
 
 # Node states (sinfo %T, long names) in which Slurm runs no new work on a node.
 UNUSABLE = ("down", "drain", "fail", "maint", "reboot", "power", "future", "unknown")

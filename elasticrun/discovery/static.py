@@ -5,7 +5,7 @@ from __future__ import annotations
 from elasticrun.discovery.base import HostSlots
 from elasticrun.discovery.parsing import parse_hosts_flag
 from elasticrun.discovery.plugins import DiscoveryOptions
-from elasticrun.errors import ConfigError
+from elasticrun.job.errors import ConfigError
 
 
 class StaticDiscovery:

@@ -13,7 +13,7 @@ from typing import Protocol, runtime_checkable
 from elasticrun.discovery.base import HostSlots
 from elasticrun.discovery.parsing import parse_hosts_flag
 from elasticrun.discovery.plugins import DiscoveryOptions
-from elasticrun.errors import ConfigError
+from elasticrun.job.errors import ConfigError
 
 
 @runtime_checkable

@@ -19,7 +19,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from elasticrun import protocol
-from elasticrun.config import DriverConfig
 from elasticrun.driver.hosts.watcher import HostWatcher
 from elasticrun.driver.journal.opening import JobRecord, open_journal
 from elasticrun.driver.journal.resuming import Resumed, take_over
@@ -30,6 +29,7 @@ from elasticrun.driver.operate.routes import OperatorRoutes
 from elasticrun.driver.operate.target import JobOperator
 from elasticrun.driver.operate.telemetry import Telemetry
 from elasticrun.driver.operate.timeline import JobTimeline
+from elasticrun.driver.parts import JobParts
 from elasticrun.driver.processes import snapshot_dirs
 from elasticrun.driver.processes.output import OutputRouter
 from elasticrun.driver.processes.records import new_worker_id
@@ -46,9 +46,9 @@ from elasticrun.driver.server.listen import (
     wildcard_warning,
 )
 from elasticrun.driver.workforce import Workforce
-from elasticrun.errors import ConfigError, ElasticrunError, JobFailedError
-from elasticrun.job_config import JobParts
-from elasticrun.loop_signals import handling
+from elasticrun.job.config import DriverConfig
+from elasticrun.job.errors import ConfigError, ElasticrunError, JobFailedError
+from elasticrun.system.loop_signals import handling
 
 log = logging.getLogger("elasticrun.driver")
 

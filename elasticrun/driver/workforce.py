@@ -12,7 +12,6 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from elasticrun.config import DriverConfig
 from elasticrun.driver.processes.output import OutputRouter
 from elasticrun.driver.processes.placement import Placement
 from elasticrun.driver.processes.pool import PoolSettings, WorkerPool
@@ -24,8 +23,9 @@ from elasticrun.driver.rounds.assignment import Assignment, hosts_in_rank_order
 from elasticrun.driver.rounds.machine import RoundMachine
 from elasticrun.driver.server.app import WorkerServer
 from elasticrun.driver.server.listen import covered, dial_address
-from elasticrun.errors import SpawnError
-from elasticrun.launch.agent_process import AgentProcess
+from elasticrun.job.config import DriverConfig
+from elasticrun.job.errors import SpawnError
+from elasticrun.launch.agents.process import AgentProcess
 from elasticrun.launch.base import Launcher, launcher_env
 
 log = logging.getLogger("elasticrun.driver")

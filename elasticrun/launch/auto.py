@@ -5,9 +5,9 @@ the job's own: job_agents.py)."""
 from __future__ import annotations
 
 from elasticrun.launch.base import Launcher, WorkerProcess, WorkerSpec, is_local_host, local_names
-from elasticrun.launch.local_agents import local_launcher
+from elasticrun.launch.local.agents import local_launcher
 from elasticrun.launch.plugins import LaunchOptions, no_arg
-from elasticrun.launch.ssh_agents import ssh_launcher
+from elasticrun.launch.ssh.agents import ssh_launcher
 
 
 class AutoLauncher:

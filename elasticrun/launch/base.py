@@ -60,7 +60,7 @@ class WorkerSpec:
 class Launcher(Protocol):
     """Starts and stops workers on hosts.
 
-    `start` raises `elasticrun.errors.SpawnError` (one line) when the worker cannot be
+    `start` raises `elasticrun.job.errors.SpawnError` (one line) when the worker cannot be
     started, and returns within a bound of its own. A launcher may also define
     `driver_address(host) -> str | None`: the driver's address as workers on `host` dial it
     (None, or no such method: the address that routes to the host); `outlives_driver(host)

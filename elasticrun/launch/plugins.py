@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from elasticrun import plugins
-from elasticrun.config import DriverConfig
-from elasticrun.errors import ConfigError
+from elasticrun.job import plugins
+from elasticrun.job.config import DriverConfig
+from elasticrun.job.errors import ConfigError
 from elasticrun.launch.base import Launcher
 
 ENTRY_POINT_GROUP = "elasticrun.launchers"

@@ -19,11 +19,11 @@ import os
 import signal
 from pathlib import Path
 
-from elasticrun.errors import ConfigError
+from elasticrun.job.errors import ConfigError
 from elasticrun.launch.base import WorkerSpec
-from elasticrun.launch.local import LocalProcess, start_local
+from elasticrun.launch.local.launcher import LocalProcess, start_local
 from elasticrun.launch.plugins import LaunchOptions
-from elasticrun.timed import within
+from elasticrun.system.timed import within
 
 SRUN = "srun"
 # srun reads these from the environment as defaults for its options; the driver's own

@@ -4,7 +4,7 @@ why (never AttributeError)."""
 
 from typing import Any
 
-from elasticrun.errors import NotSupportedError
+from elasticrun.job.errors import NotSupportedError
 from elasticrun.torch import elastic
 from elasticrun.torch.builds import (
     ccl_built,

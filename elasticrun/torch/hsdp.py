@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from elasticrun.errors import ConfigError
+from elasticrun.job.errors import ConfigError
 from elasticrun.torch.world import plane, runtime
 from elasticrun.torch.world.replicas import ReplicaGroups, ReplicaLayout
 

@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from elasticrun import protocol
-from elasticrun.netif import interface_towards
-from elasticrun.process_view import thread_activity
+from elasticrun.system.netif import interface_towards
+from elasticrun.system.process_view import thread_activity
 from elasticrun.worker import gloo_teardown, pace
 from elasticrun.worker.client import DriverClient, DriverUnreachableError, RequestRefusedError
 from elasticrun.worker.ddp_pace import DdpPace

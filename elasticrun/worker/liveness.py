@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from elasticrun import protocol
-from elasticrun.process_view import thread_cpu_seconds
+from elasticrun.system.process_view import thread_cpu_seconds
 from elasticrun.worker.client import DriverClient, DriverUnreachableError, RequestRefusedError
 from elasticrun.worker.pace import PaceMeter
 

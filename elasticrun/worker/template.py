@@ -2,7 +2,7 @@
 
 Each worker started as `python script.py` (or `python -m module`) would import torch and
 its optimizers' dependencies again, seconds of CPU per worker; forked from here, it starts
-at once (scale-up, replacement) and shares those pages. The driver (launch/forked.py) sends
+at once (scale-up, replacement) and shares those pages. The driver (launch/local/forked.py) sends
 one request per worker over a Unix socket: the command, the whole environment, the working
 directory, the parent-death signal, and the worker's stdout and stderr. The child becomes
 that program: its own session, those descriptors, that environment and directory, fresh

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import elasticrun.torch as hvd
-from elasticrun.errors import NotSupportedError
+from elasticrun.job.errors import NotSupportedError
 from tests.collectives.conftest import world_of
 
 SIZES = [2, 3, 4]

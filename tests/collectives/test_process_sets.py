@@ -13,7 +13,7 @@ from torch import nn
 
 import elasticrun.torch as hvd
 from elasticrun import protocol
-from elasticrun.errors import NotSupportedError
+from elasticrun.job.errors import NotSupportedError
 from elasticrun.torch.collectives.process_sets import init_process_sets
 from tests.collectives.conftest import world_of
 

@@ -25,7 +25,7 @@ from typing import IO, Any
 import pytest
 from harness import PYTHON, SCRIPTS, JobResult, assert_no_orphans, run_job, start_job, write_script
 
-from elasticrun.config import DriverConfig
+from elasticrun.job.config import DriverConfig
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 import elasticrun
-from elasticrun.errors import JobFailedError
+from elasticrun.job.errors import JobFailedError
 from tests.integration.harness import SESSION_TAG, TAG_VAR, assert_no_orphans
 
 

@@ -1,4 +1,4 @@
-"""Workers forked from the worker template (launch/forked.py, worker/template.py) are the
+"""Workers forked from the worker template (launch/local/forked.py, worker/template.py) are the
 processes `python script.py` would have been: same argv, path, environment, working
 directory, stdin, session, exit codes and tracebacks, fresh seeds; and they die with the
 template. Real template, real forks."""
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from elasticrun.launch.forked import ForkedProcess, Forker, forkable, template_env
-from elasticrun.launch.local import die_with_parent
+from elasticrun.launch.local.forked import ForkedProcess, Forker, forkable, template_env
+from elasticrun.launch.local.launcher import die_with_parent
 from elasticrun.worker.template import cuda_driver_loaded
 from tests.integration.harness import REPO
 

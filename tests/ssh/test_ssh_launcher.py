@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from elasticrun.errors import SpawnError
-from elasticrun.launch.ssh import SSHLauncher, SSHProcess, SSHSettings
+from elasticrun.job.errors import SpawnError
+from elasticrun.launch.ssh.launcher import SSHLauncher, SSHProcess, SSHSettings
 from tests.integration import harness
 
 HOST = "127.0.0.1"
@@ -283,7 +283,7 @@ async def test_stop_after_exit_is_harmless(
 DRIVER = """
 import asyncio, json, sys
 from pathlib import Path
-from elasticrun.launch.ssh import SSHSettings, SSHLauncher
+from elasticrun.launch.ssh.launcher import SSHSettings, SSHLauncher
 
 async def main():
     args = json.loads(sys.argv[1])
@@ -447,7 +447,7 @@ async def test_ssh_config_proxy_command(
 async def test_inspect_tells_running_stopped_and_gone(
     spawner: SSHLauncher, env: dict[str, str], tmp_path: Path, tag: str
 ) -> None:
-    from elasticrun.process_view import ProcessState
+    from elasticrun.system.process_view import ProcessState
 
     env["ELASTICRUN_WORKER_ID"] = "w-inspect"
     proc = await spawn_ready(spawner, "echo ready; exec sleep 60", env, tmp_path)
@@ -467,7 +467,7 @@ async def test_inspect_on_a_full_connection_cannot_tell_rather_than_unreachable(
     """The probe needs one more session on the worker's connection: where sshd's MaxSessions
     is reached, the host cannot tell (it answered), it is not unreachable (seen in CI: a
     worker of a full connection failed as hung)."""
-    from elasticrun.process_view import ProcessState
+    from elasticrun.system.process_view import ProcessState
 
     env["ELASTICRUN_WORKER_ID"] = "w-full"
     procs = await asyncio.gather(*(
@@ -487,8 +487,8 @@ async def test_inspect_behind_a_slow_login_shell_cannot_tell_rather_than_unreach
     (conda, pyenv: seconds on a loaded host; a minute each in CI, behind a stale pyenv
     lock). The host answered (its sshd opened the channel): it cannot tell, it is not
     unreachable. The probe's shell ends by itself once its start-up is over."""
-    from elasticrun.launch.ssh_process import INSPECT_WAIT_S
-    from elasticrun.process_view import ProcessState
+    from elasticrun.launch.ssh.process import INSPECT_WAIT_S
+    from elasticrun.system.process_view import ProcessState
 
     env["ELASTICRUN_WORKER_ID"] = "w-slow-shell"
     proc = await spawn_ready(spawner, "echo ready; exec sleep 30", env, tmp_path)

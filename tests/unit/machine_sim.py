@@ -12,11 +12,11 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from elasticrun.config import DriverConfig
 from elasticrun.driver.rounds import events as ev
 from elasticrun.driver.rounds.assignment import SlotId
 from elasticrun.driver.rounds.machine import RoundMachine
 from elasticrun.driver.rounds.state import JobState, WorkerRecord
+from elasticrun.job.config import DriverConfig
 
 A = TypeVar("A")
 

@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 
 from elasticrun.agent.runner import Agent, AgentSettings
-from elasticrun.launch.agent_hub import AgentHub
+from elasticrun.launch.agents.hub import AgentHub
 
 TOKEN = "agent-token-" + "x" * 20
 

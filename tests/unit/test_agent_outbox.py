@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 
 from elasticrun.agent.outbox import Outbox
-from elasticrun.launch import agent_wire as wire
+from elasticrun.launch.agents import wire
 
 
 class Sent:

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from elasticrun.launch import agent_wire as wire
+from elasticrun.launch.agents import wire
 
 TOKEN = "agent-token-0123456789abcdef"
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from elasticrun.cli import ENV_EVENT_SECRET, ENV_WEBHOOK_TOKEN, main
-from elasticrun.config import DriverConfig
-from elasticrun.errors import ConfigError
+from elasticrun.job.config import DriverConfig
+from elasticrun.job.errors import ConfigError
 from tests.unit.test_config_cli import config as base_config
 
 CMD = ("python", "train.py")

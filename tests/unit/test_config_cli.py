@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 import elasticrun
-from elasticrun.config import DriverConfig
-from elasticrun.errors import ConfigError
-from elasticrun.job_config import build_config
+from elasticrun.api.job_config import build_config
+from elasticrun.job.config import DriverConfig
+from elasticrun.job.errors import ConfigError
 
 CMD = ("python", "train.py")
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import elasticrun.cli.horovodrun
 from elasticrun.cli import cli, main
 from elasticrun.cli.config_file import MAX_BYTES, load_config_file
-from elasticrun.errors import ConfigError
+from elasticrun.job.errors import ConfigError
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from elasticrun.errors import ConfigError
+from elasticrun.job.errors import ConfigError
 from elasticrun.torch.world.devices import (
     NCCL_ENV,
     DataPlane,

@@ -16,7 +16,7 @@ import pytest
 from elasticrun.discovery.commands import MAX_OUTPUT_BYTES, run_command
 from elasticrun.discovery.parsing import format_hosts, parse_host_entry, parse_host_lines
 from elasticrun.driver.operate.failures import FailureLog
-from elasticrun.errors import DiscoveryError
+from elasticrun.job.errors import DiscoveryError
 
 SRC = "discovery script ./hosts.sh"
 _RAW = ("\x1b", "\x07", "\x00", "\x9b")
@@ -85,7 +85,7 @@ async def test_only_the_tail_of_a_huge_stderr_is_kept(tmp_path: Path) -> None:
 _MEASURE = textwrap.dedent("""
     import asyncio, resource, sys, time
     from elasticrun.discovery.commands import run_command
-    from elasticrun.errors import DiscoveryError
+    from elasticrun.job.errors import DiscoveryError
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     start = time.monotonic()
     try:

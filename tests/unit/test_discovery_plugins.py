@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from elasticrun import plugins
 from elasticrun.discovery.hostfile import HostfileDiscovery
 from elasticrun.discovery.plugins import (
     ENTRY_POINT_GROUP,
@@ -24,7 +23,8 @@ from elasticrun.discovery.plugins import (
 from elasticrun.discovery.script import ScriptDiscovery
 from elasticrun.discovery.static import StaticDiscovery
 from elasticrun.discovery.webhook import PushableDiscovery, WebhookDiscovery
-from elasticrun.errors import ConfigError, DiscoveryError
+from elasticrun.job import plugins
+from elasticrun.job.errors import ConfigError, DiscoveryError
 
 BUILTINS = ["hostfile", "script", "static", "webhook"]
 OPTIONS = DiscoveryOptions(arg="ignored", slots_per_host=3, timeout=7.0)
@@ -177,7 +177,7 @@ def test_entry_point_that_cannot_load(monkeypatch: pytest.MonkeyPatch) -> None:
 # --------------------------------------------------------------------------- by module path
 
 PLUGIN_MODULE = """
-from elasticrun.errors import ConfigError
+from elasticrun.job.errors import ConfigError
 
 class Found:
     def __init__(self, options):

@@ -19,7 +19,7 @@ import pytest
 
 from elasticrun.discovery.parsing import parse_host_lines
 from elasticrun.discovery.script import ScriptDiscovery
-from elasticrun.errors import DiscoveryError
+from elasticrun.job.errors import DiscoveryError
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "discovery_scripts"
 ALL_SCRIPTS = ["static_file.py", "kubernetes.py", "slurm.py", "aws_asg.py"]

@@ -149,7 +149,7 @@ def _public_names(module: str) -> list[str]:
 
 
 def user_facing_exceptions() -> set[str]:
-    """Simple names of the exception classes a user meets: everything in elasticrun.errors
+    """Simple names of the exception classes a user meets: everything in elasticrun.job.errors
     and every ElasticrunError wherever defined (their messages are the CLI's error lines);
     every public exception class of the code that runs inside training processes
     (elasticrun.worker, elasticrun.torch: raised into the user's script); and every
@@ -160,8 +160,8 @@ def user_facing_exceptions() -> set[str]:
         if name.startswith("_") or not CLASSES.is_exception(dotted):
             continue
         in_training = module.startswith(("elasticrun.worker", "elasticrun.torch"))
-        if module == "elasticrun.errors" or in_training \
-                or CLASSES.derives_from(dotted, "elasticrun.errors.ElasticrunError"):
+        if module == "elasticrun.job.errors" or in_training \
+                or CLASSES.derives_from(dotted, "elasticrun.job.errors.ElasticrunError"):
             names.add(name)
     for api in ("elasticrun.torch", "elasticrun.torch.elastic"):
         for name in _public_names(api):

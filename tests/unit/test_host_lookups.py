@@ -10,9 +10,9 @@ import threading
 import time
 from dataclasses import replace
 
-from elasticrun.config import DriverConfig
 from elasticrun.driver.processes.lookups import PENDING, HostLookups
 from elasticrun.driver.processes.placement import LOOPBACK, Placement
+from elasticrun.job.config import DriverConfig
 
 
 def _config() -> DriverConfig:

@@ -9,7 +9,7 @@ import pytest
 
 from elasticrun.discovery.base import HostSlots
 from elasticrun.driver.hosts.watcher import HostWatcher
-from elasticrun.errors import DiscoveryError
+from elasticrun.job.errors import DiscoveryError
 
 
 class Plugin:

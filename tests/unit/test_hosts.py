@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from elasticrun.config import DriverConfig, TorchrunSettings
 from elasticrun.driver.hosts.registry import HostRegistry
 from elasticrun.driver.rounds.capacity import Shortfall, shortfall, start_refusal
+from elasticrun.job.config import DriverConfig, TorchrunSettings
 
 T0 = 1000.0
 

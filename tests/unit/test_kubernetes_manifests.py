@@ -27,13 +27,13 @@ import pytest
 import yaml
 
 from elasticrun.agent.runner import AgentSettings
+from elasticrun.api.job_config import build_config, build_parts
 from elasticrun.cli import cli
 from elasticrun.cli.agent import agent_command, agent_settings
-from elasticrun.config import DriverConfig
 from elasticrun.driver.journal.files import NAME as JOURNAL
-from elasticrun.errors import ConfigError
-from elasticrun.job_config import build_config, build_parts
-from elasticrun.tokens import MIN_TOKEN_LENGTH
+from elasticrun.job.config import DriverConfig
+from elasticrun.job.errors import ConfigError
+from elasticrun.job.tokens import MIN_TOKEN_LENGTH
 
 HERE = Path(__file__).resolve().parents[2] / "examples" / "kubernetes"
 Doc = dict[str, Any]

@@ -9,18 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from elasticrun import plugins
-from elasticrun.config import DriverConfig
-from elasticrun.errors import ConfigError
-from elasticrun.job_config import build_parts
-from elasticrun.launch.agent import AgentLauncher
+from elasticrun.api.job_config import build_parts
+from elasticrun.job import plugins
+from elasticrun.job.config import DriverConfig
+from elasticrun.job.errors import ConfigError
+from elasticrun.launch.agents.launcher import AgentLauncher
 from elasticrun.launch.auto import AutoLauncher
-from elasticrun.launch.local import LocalLauncher
-from elasticrun.launch.local_agents import LocalAgents
+from elasticrun.launch.local.agents import LocalAgents
+from elasticrun.launch.local.launcher import LocalLauncher
 from elasticrun.launch.plugins import ENTRY_POINT_GROUP, available, load_launcher
 from elasticrun.launch.slurm import SlurmLauncher, srun_command, step_env
-from elasticrun.launch.ssh import SSHLauncher
-from elasticrun.launch.ssh_agents import SSHAgents
+from elasticrun.launch.ssh.agents import SSHAgents
+from elasticrun.launch.ssh.launcher import SSHLauncher
 from tests.unit.test_config_cli import config as cli_config
 
 BUILTINS = {"auto": AutoLauncher, "local": LocalLauncher, "ssh": SSHLauncher,
@@ -46,8 +46,8 @@ def test_builtins_are_registered_as_entry_points() -> None:
     values = {ep.name: ep.value for ep in plugins.entry_points(group=ENTRY_POINT_GROUP)}
     # "local" and "ssh" choose between plain workers and, with --state-dir, the job's own
     # agents
-    modules = {**{name: name for name in BUILTINS}, "local": "local_agents",
-               "ssh": "ssh_agents"}
+    modules = {**{name: name for name in BUILTINS}, "local": "local.agents",
+               "ssh": "ssh.agents", "agent": "agents.launcher"}
     for name in BUILTINS:
         assert values[name] == f"elasticrun.launch.{modules[name]}:plugin", values[name]
     assert set(BUILTINS) <= set(available())
@@ -92,7 +92,7 @@ def plugin_pkg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]
     package.mkdir()
     (package / "__init__.py").write_text("")
     (package / "plug.py").write_text(
-        "from elasticrun.launch.local import LocalLauncher\n"
+        "from elasticrun.launch.local.launcher import LocalLauncher\n"
         "def make(options):\n"
         "    launcher = LocalLauncher()\n"
         "    launcher.arg = options.arg\n"

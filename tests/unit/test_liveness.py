@@ -11,7 +11,7 @@ from __future__ import annotations
 from elasticrun.driver.rounds import events as ev
 from elasticrun.driver.rounds.liveness import PROBE_EVERY_S, PROBE_S, STALL_LAPSE_S
 from elasticrun.driver.rounds.state import WorkerRecord, WorkerStatus
-from elasticrun.process_view import ProcessState, ProcessView
+from elasticrun.system.process_view import ProcessState, ProcessView
 from tests.unit.machine_sim import Sim, config, of
 
 TWO_HOSTS = {"a": 2, "b": 2}

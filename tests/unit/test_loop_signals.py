@@ -7,7 +7,7 @@ import asyncio
 import os
 import signal
 
-from elasticrun.loop_signals import handling
+from elasticrun.system.loop_signals import handling
 
 
 async def test_a_signal_calls_its_callback_and_the_previous_handlers_come_back() -> None:

@@ -21,9 +21,9 @@ from prometheus_client import CollectorRegistry
 from elasticrun import protocol
 from elasticrun.discovery.base import HostSlots
 from elasticrun.driver.operate.routes import OperatorRoutes
-from elasticrun.driver.server.outsiders import Outsiders, quiet_aiohttp, refusal_counter
-from elasticrun.launch import agent_wire as wire
-from elasticrun.launch.agent_hub import AgentHub
+from elasticrun.launch.agents import wire
+from elasticrun.launch.agents.hub import AgentHub
+from elasticrun.system.outsiders import Outsiders, quiet_aiohttp, refusal_counter
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -1,4 +1,4 @@
-"""Refusals caused by outsiders (elasticrun.driver.server.outsiders), with a fake clock: each
+"""Refusals caused by outsiders (elasticrun.system.outsiders), with a fake clock: each
 is counted by kind, and each kind is logged at most once a minute, with the count and the
 addresses since its last line, never a traceback."""
 
@@ -11,7 +11,7 @@ import pytest
 from aiohttp.http_exceptions import BadHttpMessage
 from prometheus_client import CollectorRegistry
 
-from elasticrun.driver.server.outsiders import (
+from elasticrun.system.outsiders import (
     KINDS,
     MAX_ADDRESSES,
     Outsiders,

@@ -15,7 +15,7 @@ from elasticrun.discovery.parsing import (
     parse_host_lines,
     parse_hosts_flag,
 )
-from elasticrun.errors import DiscoveryError
+from elasticrun.job.errors import DiscoveryError
 
 SRC = "discovery script ./hosts.sh"
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from elasticrun.printable import printable
+from elasticrun.system.printable import printable
 
 
 def test_control_characters_become_escapes() -> None:

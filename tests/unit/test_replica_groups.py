@@ -11,17 +11,17 @@ import pytest
 
 import elasticrun
 from elasticrun import protocol
+from elasticrun.api.job_config import build_config
+from elasticrun.api.run import job_settings
 from elasticrun.cli import horovodrun, main
 from elasticrun.cli.config_file import load_config_file
-from elasticrun.config import DriverConfig
 from elasticrun.driver.processes.records import EnvSettings, Placed, job_env
 from elasticrun.driver.rounds import events as ev
 from elasticrun.driver.rounds.assignment import Assignment, SlotId, assign_keeping_state
 from elasticrun.driver.rounds.replica_groups import left_over, whole_groups, whole_size
-from elasticrun.errors import ConfigError
-from elasticrun.job_config import build_config
+from elasticrun.job.config import DriverConfig
+from elasticrun.job.errors import ConfigError
 from elasticrun.protocol import SlotInfo
-from elasticrun.run import job_settings
 from tests.unit.machine_sim import Sim, config, of
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from elasticrun.errors import ConfigError
+from elasticrun.job.errors import ConfigError
 from elasticrun.torch.elastic.shard_sync import plan_source
 from elasticrun.torch.world.replicas import ReplicaLayout
 from elasticrun.worker.elastic import SnapshotMissingError

@@ -6,7 +6,7 @@ from __future__ import annotations
 from elasticrun.driver.rounds import events as ev
 from elasticrun.driver.rounds.restarts import STOP_SLACK_S
 from elasticrun.driver.rounds.state import JobPhase, WorkerStatus
-from elasticrun.process_view import ProcessState, ProcessView
+from elasticrun.system.process_view import ProcessState, ProcessView
 from tests.unit.machine_sim import Sim, config, of, reports
 
 HOSTS = {"a": 2, "b": 2}

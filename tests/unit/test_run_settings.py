@@ -16,16 +16,16 @@ import cloudpickle
 import pytest
 
 import elasticrun
-from elasticrun.driver.func_job import last_round_results
+from elasticrun.api.func_job import last_round_results
+from elasticrun.api.run import JobSettings, job_settings, pickle_call, python_names
 from elasticrun.driver.hosts.registry import HostRegistry
 from elasticrun.driver.rounds.assignment import SlotId
 from elasticrun.driver.rounds.state import JobState, Round, WorkerRecord
 from elasticrun.driver.server.payload import BadRequest
 from elasticrun.driver.server.results_api import ReceivedResult, ResultEndpoints
 from elasticrun.driver.server.signing import PAYLOAD
-from elasticrun.errors import ConfigError, JobFailedError
+from elasticrun.job.errors import ConfigError, JobFailedError
 from elasticrun.protocol import SlotInfo
-from elasticrun.run import JobSettings, job_settings, pickle_call, python_names
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULTS = {name: p.default for name, p in inspect.signature(elasticrun.run).parameters.items()
@@ -222,8 +222,9 @@ async def test_a_result_arrives_in_parts() -> None:
 
 # --- import elasticrun stays light ---------------------------------------------------------
 def test_importing_elasticrun_imports_no_driver_and_no_torch() -> None:
-    code = ("import sys, elasticrun.run, elasticrun; "
-            "assert callable(elasticrun.run) and elasticrun.run.__module__ == 'elasticrun.run'; "
+    code = ("import sys, elasticrun; "
+            "assert callable(elasticrun.run); "
+            "assert elasticrun.run.__module__ == 'elasticrun.api.run'; "
             "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                          text=True, check=True).stdout.split()

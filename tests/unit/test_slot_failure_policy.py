@@ -18,7 +18,7 @@ from elasticrun.driver.rounds.evidence import (
     worked,
 )
 from elasticrun.driver.rounds.step import FAILURE_COLLECTION_S
-from elasticrun.process_view import ProcessState, ProcessView
+from elasticrun.system.process_view import ProcessState, ProcessView
 from tests.unit.machine_sim import Sim, config, of, reports
 
 A0, A1, A2, B0 = SlotId("a", 0), SlotId("a", 1), SlotId("a", 2), SlotId("b", 0)

@@ -7,7 +7,7 @@ import pytest
 
 from elasticrun.discovery.plugins import DiscoveryOptions, load_discovery
 from elasticrun.discovery.slurm import SlurmDiscovery, node_states, slots_from, unusable
-from elasticrun.errors import ConfigError
+from elasticrun.job.errors import ConfigError
 
 
 @pytest.mark.parametrize("state", ["idle", "mixed", "allocated", "completing", "planned",

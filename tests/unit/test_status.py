@@ -19,7 +19,7 @@ from elasticrun.driver.hosts.registry import BlacklistEntry
 from elasticrun.driver.operate.flash_cadence import CadenceReport, FlashCadences
 from elasticrun.driver.operate.status import JobView, build_status, count_states, host_states
 from elasticrun.driver.rounds.assignment import assign
-from elasticrun.errors import ElasticrunError
+from elasticrun.job.errors import ElasticrunError
 
 NOW = 500.0
 WALL = 1_700_000_000.0

@@ -12,7 +12,7 @@ import pytest
 
 from elasticrun.discovery.script import ScriptDiscovery
 from elasticrun.driver.hosts.watcher import HostWatcher
-from elasticrun.timed import within
+from elasticrun.system.timed import within
 
 
 async def test_a_cancellation_as_the_awaited_thing_finishes_is_not_lost() -> None:

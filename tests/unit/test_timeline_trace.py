@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 from elasticrun import protocol
-from elasticrun.config import DriverConfig
 from elasticrun.driver.operate.timeline import (
     DRIVER_PID,
     JobTimeline,
@@ -27,7 +26,8 @@ from elasticrun.driver.rounds import events as ev
 from elasticrun.driver.rounds.assignment import assign
 from elasticrun.driver.rounds.machine import RoundMachine
 from elasticrun.driver.server.app import WorkerServer
-from elasticrun.errors import ConfigError
+from elasticrun.job.config import DriverConfig
+from elasticrun.job.errors import ConfigError
 from elasticrun.protocol import HostUpdateResult
 from elasticrun.worker import timeline
 from elasticrun.worker.client import DriverClient, RequestRefusedError

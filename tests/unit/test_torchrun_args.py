@@ -27,7 +27,7 @@ from elasticrun.cli.torchrun_args import (
     parse_signals,
     parse_std,
 )
-from elasticrun.errors import ConfigError
+from elasticrun.job.errors import ConfigError
 
 DEVICES = Devices(gpus=2, cpus=8)
 PY = "/usr/bin/python3"

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from elasticrun.cli import entry, horovodrun, main, torchrun, torchrun_launch
 from elasticrun.cli.forms import HOROVODRUN, TORCHRUN, choose_form
 from elasticrun.cli.torchrun_plan import Nodes
-from elasticrun.config import DriverConfig
+from elasticrun.job.config import DriverConfig
 
 
 @pytest.fixture(autouse=True)

@@ -35,8 +35,8 @@ from elasticrun.cli.torchrun_plan import (
     nodes_driver_config,
     plan,
 )
-from elasticrun.config import DriverConfig, TorchrunSettings
-from elasticrun.errors import ConfigError
+from elasticrun.job.config import DriverConfig, TorchrunSettings
+from elasticrun.job.errors import ConfigError
 
 PY = "/usr/bin/python3"
 TOKEN = "t" * 32

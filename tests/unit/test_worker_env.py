@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from elasticrun.config import TorchrunSettings
 from elasticrun.driver.processes.records import EnvSettings, Placed, job_env
+from elasticrun.job.config import TorchrunSettings
 from elasticrun.protocol import SlotInfo
 
 SETTINGS = EnvSettings(rendezvous_addr="10.0.0.1", rendezvous_port=4000, secret="s",

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from elasticrun.cli.torchrun_args import parse_std
-from elasticrun.config import TorchrunSettings
 from elasticrun.driver.processes.output import OutputRouter, WorkerLogs
+from elasticrun.job.config import TorchrunSettings
 
 OUT, ERR = ("stdout",), ("stderr",)
 BOTH = ("stdout", "stderr")

@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterable
 
 from elasticrun.discovery.base import HostDiscovery, HostSlots
 from elasticrun.discovery.webhook import PushableDiscovery
-from elasticrun.errors import DiscoveryError
-from elasticrun.timed import within
+from elasticrun.job.errors import DiscoveryError
+from elasticrun.system.timed import within
 
 log = logging.getLogger("elasticrun.driver")
 

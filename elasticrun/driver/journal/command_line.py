@@ -8,8 +8,8 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from elasticrun.errors import ConfigError
-from elasticrun.state_dir import write_private
+from elasticrun.job.errors import ConfigError
+from elasticrun.job.state_dir import write_private
 
 FILE = "command.json"
 

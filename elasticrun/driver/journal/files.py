@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from elasticrun.errors import ElasticrunError
+from elasticrun.job.errors import ElasticrunError
 
 FORMAT = 1
 NAME = "journal.json"

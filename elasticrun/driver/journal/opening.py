@@ -18,7 +18,7 @@ from elasticrun.driver.journal import codec, fencing
 from elasticrun.driver.journal.files import JournalError, JournalFiles
 from elasticrun.driver.journal.writer import JournalWriter
 from elasticrun.driver.rounds.state import JobState
-from elasticrun.state_dir import write_private
+from elasticrun.job.state_dir import write_private
 
 SECRET_FILE = "secret"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from elasticrun.driver.operate.telemetry import Telemetry
-from elasticrun.printable import printable
+from elasticrun.system.printable import printable
 
 
 class FailureLog:

@@ -14,7 +14,7 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from elasticrun.driver.server.outsiders import refusal_counter
+from elasticrun.system.outsiders import refusal_counter
 
 # Rendezvous and recovery take milliseconds to seconds; a stuck host can take minutes.
 _SECONDS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)

@@ -24,7 +24,7 @@ from elasticrun.discovery.base import HostSlots
 from elasticrun.discovery.parsing import MAX_SLOTS_PER_HOST, parse_host_entry
 from elasticrun.driver.hosts.watcher import PushRefused
 from elasticrun.driver.operate.metrics import CONTENT_TYPE
-from elasticrun.driver.server.outsiders import Outsiders
+from elasticrun.system.outsiders import Outsiders
 
 log = logging.getLogger("elasticrun.control")
 

@@ -11,7 +11,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from elasticrun.config import DriverConfig
 from elasticrun.discovery.base import HostSlots
 from elasticrun.driver.hosts.watcher import HostWatcher
 from elasticrun.driver.operate.flash_cadence import FlashCadences
@@ -20,6 +19,7 @@ from elasticrun.driver.operate.telemetry import Telemetry
 from elasticrun.driver.rounds import stragglers
 from elasticrun.driver.rounds.events import Event, HostsAdded, HostsDrained
 from elasticrun.driver.rounds.state import JobState
+from elasticrun.job.config import DriverConfig
 
 
 @dataclass

@@ -10,13 +10,13 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from elasticrun.config import DriverConfig
 from elasticrun.discovery.base import HostSlots
 from elasticrun.driver.operate.metrics import DriverMetrics
 from elasticrun.driver.operate.sinks import EventBus, EventSink, JsonLinesSink
 from elasticrun.driver.operate.webhook_sink import WebhookSink
 from elasticrun.driver.rounds.assignment import Assignment
-from elasticrun.driver.server.outsiders import Outsiders
+from elasticrun.job.config import DriverConfig
+from elasticrun.system.outsiders import Outsiders
 
 
 class Telemetry:

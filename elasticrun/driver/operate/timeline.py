@@ -30,7 +30,7 @@ from elasticrun.driver.operate.trace_file import (
     metadata,
 )
 from elasticrun.driver.rounds import events as ev
-from elasticrun.errors import ConfigError
+from elasticrun.job.errors import ConfigError
 
 log = logging.getLogger("elasticrun.timeline")
 

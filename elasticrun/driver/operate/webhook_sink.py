@@ -22,7 +22,7 @@ from elasticrun.driver.operate.sinks import (
     redact_url,
     sign_event,
 )
-from elasticrun.timed import within
+from elasticrun.system.timed import within
 
 log = logging.getLogger("elasticrun.events")
 

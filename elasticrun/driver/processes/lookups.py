@@ -19,7 +19,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterable
 
-from elasticrun.timed import within
+from elasticrun.system.timed import within
 
 Resolver = Callable[[str], list[str]]  # a name -> its addresses; may block, may raise OSError
 

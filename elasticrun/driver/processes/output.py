@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from elasticrun.config import TorchrunSettings
+from elasticrun.job.config import TorchrunSettings
 
 CHUNK = 64 * 1024
 STDERR_TAIL_LINES = 20

@@ -11,11 +11,11 @@ from __future__ import annotations
 import socket
 from collections.abc import Sequence
 
-from elasticrun.config import DriverConfig
 from elasticrun.driver.processes.lookups import HostLookups, Pending
 from elasticrun.driver.rounds.assignment import Assignment, hosts_in_rank_order
+from elasticrun.job.config import DriverConfig
 from elasticrun.launch.base import Launcher, is_local_host, local_names
-from elasticrun.netif import address_towards, interface_address
+from elasticrun.system.netif import address_towards, interface_address
 
 LOOPBACK = "127.0.0.1"
 

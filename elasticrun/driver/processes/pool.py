@@ -22,8 +22,8 @@ from elasticrun.driver.processes.records import (
 )
 from elasticrun.driver.rounds.assignment import SlotId
 from elasticrun.launch.base import Launcher, WorkerProcess, WorkerSpec
-from elasticrun.process_view import ProcessState, ProcessView
-from elasticrun.timed import within
+from elasticrun.system.process_view import ProcessState, ProcessView
+from elasticrun.system.timed import within
 
 log = logging.getLogger("elasticrun.driver")
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from elasticrun import protocol
-from elasticrun.config import TorchrunSettings
 from elasticrun.driver.processes.output import attempt_directory, new_tail
 from elasticrun.driver.rounds.assignment import SlotId
+from elasticrun.job.config import TorchrunSettings
 from elasticrun.launch.base import WorkerProcess
 from elasticrun.protocol import SlotInfo
 

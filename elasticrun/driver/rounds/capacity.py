@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from elasticrun.config import DriverConfig
 from elasticrun.discovery.parsing import format_hosts
 from elasticrun.driver.hosts.registry import HostRegistry
+from elasticrun.job.config import DriverConfig
 
 
 def start_refusal(config: DriverConfig, available: int, registry: HostRegistry,

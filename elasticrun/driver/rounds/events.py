@@ -14,8 +14,8 @@ from typing import Any
 
 from elasticrun.discovery.base import HostSlots
 from elasticrun.driver.rounds.assignment import Assignment, SlotId
-from elasticrun.process_view import ProcessView
 from elasticrun.protocol import HostUpdateResult, JoinReply
+from elasticrun.system.process_view import ProcessView
 
 
 class TimerKind(enum.Enum):

@@ -39,7 +39,7 @@ from elasticrun.driver.rounds.events import (
 )
 from elasticrun.driver.rounds.state import JobPhase, Stall, WorkerRecord
 from elasticrun.driver.rounds.step import Step
-from elasticrun.process_view import ProcessState
+from elasticrun.system.process_view import ProcessState
 
 PROBE_S = 0.5  # how long members get to answer a probe before silent ones are looked at
 # A lasting stall's members are probed again every this many seconds (a member that hangs

@@ -18,7 +18,6 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from elasticrun.config import DriverConfig
 from elasticrun.discovery.parsing import format_hosts
 from elasticrun.driver.hosts.registry import HostRegistry
 from elasticrun.driver.rounds import (
@@ -62,6 +61,7 @@ from elasticrun.driver.rounds.events import (
 from elasticrun.driver.rounds.exits import describe_exit, exit_kind
 from elasticrun.driver.rounds.state import JobPhase, JobState, WorkerRecord, WorkerStatus
 from elasticrun.driver.rounds.step import Step
+from elasticrun.job.config import DriverConfig
 
 
 class RoundMachine:

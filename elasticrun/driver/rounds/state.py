@@ -16,7 +16,7 @@ from elasticrun.driver.rounds.assignment import Assignment, SlotId
 from elasticrun.driver.rounds.events import Spawn
 from elasticrun.driver.rounds.evidence import Strikes
 from elasticrun.driver.rounds.pace import PaceBook
-from elasticrun.process_view import ProcessView
+from elasticrun.system.process_view import ProcessView
 
 
 class JobPhase(enum.Enum):

@@ -10,7 +10,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from elasticrun.config import DriverConfig
 from elasticrun.driver.rounds.assignment import SlotId
 from elasticrun.driver.rounds.events import (
     Action,
@@ -28,6 +27,7 @@ from elasticrun.driver.rounds.events import (
     TimerKind,
 )
 from elasticrun.driver.rounds.state import JobPhase, JobState, WorkerRecord, WorkerStatus
+from elasticrun.job.config import DriverConfig
 from elasticrun.protocol import JoinReply
 
 # The next round is cut this long after a member fails: at once (the event loop's next

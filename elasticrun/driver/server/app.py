@@ -24,11 +24,11 @@ from elasticrun.driver.server.connections import GuardedRunner
 from elasticrun.driver.server.flash_api import FlashEndpoint
 from elasticrun.driver.server.gc_policy import pace_for_serving
 from elasticrun.driver.server.kv import KVEndpoints
-from elasticrun.driver.server.outsiders import Outsiders
 from elasticrun.driver.server.results_api import ResultEndpoints
 from elasticrun.driver.server.rounds_api import RoundEndpoints
 from elasticrun.driver.server.signing import RequestSigning
 from elasticrun.driver.server.timeline_api import TimelineEndpoint
+from elasticrun.system.outsiders import Outsiders
 
 SHUTDOWN_TIMEOUT_S = 2.0
 PORT_RETRY_S = 0.1  # between tries of a port still in use (start's port_wait_s)

@@ -3,7 +3,7 @@
 Every worker fetches the cloudpickled `(func, args, kwargs)`; each sends back its pickled
 result in parts (a request body is bounded by protocol.MAX_BODY_BYTES), tagged with the
 round and rank it finished in. The server only keeps what arrives: which results count is
-decided when the job is over, from the machine's last round (driver/func_job.py).
+decided when the job is over, from the machine's last round (api/func_job.py).
 """
 
 from __future__ import annotations

@@ -23,9 +23,9 @@ from aiohttp import web
 
 from elasticrun import protocol
 from elasticrun.driver.server.connections import BODY_TIMEOUT_S, trust
-from elasticrun.driver.server.outsiders import Outsiders, signature_kind
 from elasticrun.driver.server.payload import BadRequest, error
-from elasticrun.timed import within
+from elasticrun.system.outsiders import Outsiders, signature_kind
+from elasticrun.system.timed import within
 
 log = logging.getLogger("elasticrun.rendezvous")
 

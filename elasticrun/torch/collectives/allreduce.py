@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from elasticrun.errors import NotSupportedError
+from elasticrun.job.errors import NotSupportedError
 from elasticrun.torch.collectives import fusion, handles
 from elasticrun.torch.collectives.adasum import adasum_allreduce_
 from elasticrun.torch.collectives.process_sets import (

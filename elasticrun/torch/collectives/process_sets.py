@@ -22,7 +22,7 @@ from typing import Any
 import torch.distributed as dist
 
 from elasticrun import protocol
-from elasticrun.errors import NotSupportedError
+from elasticrun.job.errors import NotSupportedError
 from elasticrun.torch.collectives.negotiation import negotiate
 from elasticrun.torch.collectives.requests import Kind, Request
 from elasticrun.torch.world import runtime

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from elasticrun.torch import functions, hsdp
 from elasticrun.torch.elastic import commit_files, keeper, shard_restore
@@ -23,17 +23,15 @@ from elasticrun.torch.elastic.commit_files import (
     UnreadableCommitError,
 )
 from elasticrun.torch.elastic.keeper import KeepingSettings, Offer
+from elasticrun.torch.elastic.restorable import Restorable
 from elasticrun.torch.world import place, runtime
 from elasticrun.worker import timeline
 from elasticrun.worker.elastic import SnapshotMissingError
 
-if TYPE_CHECKING:
-    from elasticrun.torch.elastic.state import TorchState
-
 log = logging.getLogger("elasticrun.worker")
 
 
-def sync_root(state: TorchState, generation: int, checksum: int
+def sync_root(state: Restorable, generation: int, checksum: int
               ) -> tuple[int | None, int, list[int]]:
     """The rank whose state the round takes (None: every rank holds the same commit, nothing
     to send), the ranks' commit generation after the sync, and each rank's generation
@@ -57,11 +55,11 @@ def sync_root(state: TorchState, generation: int, checksum: int
     return 0, 0, generations
 
 
-def _offer_shards(state: TorchState, settings: KeepingSettings) -> shard_restore.Layouts:
+def _offer_shards(state: Restorable, settings: KeepingSettings) -> shard_restore.Layouts:
     return shard_restore.found(settings, state.holding, hsdp.layout(), _hostname())
 
 
-def _restore_shards(state: TorchState, settings: KeepingSettings,
+def _restore_shards(state: Restorable, settings: KeepingSettings,
                     views: list[shard_restore.Layouts | None]) -> tuple[int, list[int]]:
     layout = hsdp.layout()
     restored = shard_restore.restore(state, layout, views)
@@ -73,7 +71,7 @@ def _restore_shards(state: TorchState, settings: KeepingSettings,
     return 0, [-1] * layout.size  # a new job: the root's replica group's shards
 
 
-def _restore(state: TorchState, settings: KeepingSettings, offers: list[Offer | None]) -> int:
+def _restore(state: Restorable, settings: KeepingSettings, offers: list[Offer | None]) -> int:
     chosen = keeper.choose(offers)
     if chosen is None:
         if settings.restore_expected:

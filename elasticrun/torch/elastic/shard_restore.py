@@ -14,7 +14,7 @@ import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -22,10 +22,8 @@ from elasticrun.torch import functions
 from elasticrun.torch.elastic import commit_files, shards
 from elasticrun.torch.elastic.commit_files import CheckpointMismatchError, UnreadableCommitError
 from elasticrun.torch.elastic.keeper import KeepingSettings, Offer
+from elasticrun.torch.elastic.restorable import Restorable
 from elasticrun.torch.world.replicas import ReplicaLayout
-
-if TYPE_CHECKING:
-    from elasticrun.torch.elastic.state import TorchState
 
 log = logging.getLogger("elasticrun.worker")
 
@@ -71,7 +69,7 @@ class Restored:
     where: str
 
 
-def restore(state: TorchState, layout: ReplicaLayout, views: list[Layouts | None]
+def restore(state: Restorable, layout: ReplicaLayout, views: list[Layouts | None]
             ) -> Restored | None:
     """Restores the newest commit some rank of every shard index can read (else the newest
     every rank can reshard from the checkpoint dir). None: nothing to restore."""
@@ -103,7 +101,7 @@ def restore(state: TorchState, layout: ReplicaLayout, views: list[Layouts | None
                     f"checkpoint dir {Path(mine.other[commit][0]).parent} (resharded)")
 
 
-def _load(state: TorchState, paths: list[str], commit: int, layout: ReplicaLayout) -> None:
+def _load(state: Restorable, paths: list[str], commit: int, layout: ReplicaLayout) -> None:
     """Every rank takes part (to agree on a problem); ranks given `paths` read and load."""
     problem: str | None = None
     content: dict[str, Any] | None = None
@@ -125,7 +123,7 @@ def _load(state: TorchState, paths: list[str], commit: int, layout: ReplicaLayou
                             "objects": content["objects"]}, int(content["commit"]))
 
 
-def _reshard(contents: list[dict[str, Any]], state: TorchState,
+def _reshard(contents: list[dict[str, Any]], state: Restorable,
              layout: ReplicaLayout) -> dict[str, Any]:
     """This rank's shard of a commit kept at another shard size (or whole)."""
     first = contents[0]

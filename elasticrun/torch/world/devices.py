@@ -19,8 +19,8 @@ import torch
 import torch.distributed as dist
 
 from elasticrun import protocol
-from elasticrun.config import BACKENDS
-from elasticrun.errors import ConfigError
+from elasticrun.job.config import BACKENDS
+from elasticrun.job.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch.distributed as dist
 
 from elasticrun import protocol
-from elasticrun.errors import ConfigError
+from elasticrun.job.errors import ConfigError
 from elasticrun.torch.world.groups import abort_nccl, group_count_kept, nccl_options
 
 

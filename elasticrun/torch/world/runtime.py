@@ -20,9 +20,9 @@ import torch
 import torch.distributed as dist
 
 from elasticrun import protocol
-from elasticrun.errors import ConfigError
-from elasticrun.netif import interface_towards
+from elasticrun.job.errors import ConfigError
 from elasticrun.protocol import SlotInfo
+from elasticrun.system.netif import interface_towards
 from elasticrun.torch.world import devices
 from elasticrun.torch.world.devices import DataPlane
 from elasticrun.torch.world.groups import group_count as _group_count  # noqa: F401 - tests use it

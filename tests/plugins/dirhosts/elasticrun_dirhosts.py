@@ -12,7 +12,7 @@ class DirectoryDiscovery:
         self._directory = directory
 
     async def find_hosts(self) -> dict[str, int]:
-        from elasticrun.errors import DiscoveryError
+        from elasticrun.job.errors import DiscoveryError
 
         try:
             files = sorted(self._directory.iterdir(), key=lambda p: (p.stat().st_mtime_ns, p.name))

@@ -8,9 +8,9 @@ from __future__ import annotations
 import dataclasses
 import shlex
 
-from elasticrun.errors import ConfigError
+from elasticrun.job.errors import ConfigError
 from elasticrun.launch.base import WorkerProcess, WorkerSpec
-from elasticrun.launch.local import LocalLauncher
+from elasticrun.launch.local.launcher import LocalLauncher
 from elasticrun.launch.plugins import LaunchOptions
 
 
