@@ -1,6 +1,6 @@
 """The default launcher: this machine's own names and loopback addresses run as local
 subprocesses, every other host is reached over SSH (with --state-dir, both under agents of
-the job's own: job_agents.py)."""
+the job's own: launch/agents/job_agents.py)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ The SSH launcher starts one per host (and interpreter) on a session channel of i
 environment as one JSON line on stdin, with which it execs itself. It imports torch
 (template.py's preload), listens on a Unix socket in a private directory and prints the
 socket's path (or an empty line: no forking here, e.g. an import touched the GPU). Each
-worker's bootstrap (bootstrap.py) connects to it: the template forks a server for that
+worker's bootstrap (launch/ssh/bootstrap.py) connects to it: the template forks a server for that
 connection, which is template.py's `serve` for one worker: it forks the worker itself
 with the bootstrap's stdout and stderr (the worker's channel), reports its pid and exit,
 and kills it when the bootstrap goes.

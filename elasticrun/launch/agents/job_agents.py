@@ -1,7 +1,7 @@
 """Workers that outlive a lost driver (with --state-dir): each host's workers run under an
 `elasticrun agent` the driver starts for that host when the host's first worker starts,
-in a session of its own — a subprocess here (local_agents.py), a detached process over
-SSH elsewhere (ssh_agents.py).
+in a session of its own — a subprocess here (launch/local/agents.py), a detached process over
+SSH elsewhere (launch/ssh/agents.py).
 
 Killed (SIGKILL, OOM), the driver takes nobody with it: the agents keep their workers
 training for --driver-grace and reconnect to a driver resumed on the same port, which

@@ -1,7 +1,7 @@
 """The agent channel: what `elasticrun agent` and the driver say to each other, as data.
 
 One WebSocket per agent, opened by the agent (it connects out) at PATH on the driver's
-server. The upgrade request is signed with the job's agent token (protocol.py's HMAC
+server. The upgrade request is signed with the job's agent token (protocol/signing.py's HMAC
 scheme: the token itself never crosses the network). Every message is one JSON object with
 a "type"; `decode` validates it completely or raises BadMessage. A worker's environment
 (which holds the job secret) travels sealed with AES-GCM under a key derived from the
@@ -119,7 +119,7 @@ class Stop:
 
 @dataclass(frozen=True)
 class Inspect:
-    """The worker may be hung: what is its process doing (process_view.py)?"""
+    """The worker may be hung: what is its process doing (system/process_view.py)?"""
 
     TYPE: ClassVar[str] = "inspect"
     worker: str

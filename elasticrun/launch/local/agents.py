@@ -1,6 +1,6 @@
 """Local workers that outlive a lost driver (with --state-dir): each local host's workers
-run under an `elasticrun agent` subprocess of the job's own (job_agents.py). The agents
-authenticate with a token of the job's own, kept beside the journal (0600).
+run under an `elasticrun agent` subprocess of the job's own (launch/agents/job_agents.py).
+The agents authenticate with a token of the job's own, kept beside the journal (0600).
 """
 
 from __future__ import annotations

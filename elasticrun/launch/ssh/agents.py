@@ -1,7 +1,8 @@
 """SSH hosts' workers that outlive a lost driver (with --state-dir): each remote host's
-workers run under an `elasticrun agent` (job_agents.py) the driver starts there over SSH,
-detached from the SSH channel (bootstrap.py), which dials the driver back on the address
-the driver's SSH connection to that host came from (or --network-interface's).
+workers run under an `elasticrun agent` (launch/agents/job_agents.py) the driver starts
+there over SSH, detached from the SSH channel (bootstrap.py), which dials the driver back
+on the address the driver's SSH connection to that host came from (or
+--network-interface's).
 
 The agent's token travels in its environment on the channel's stdin: never on a command
 line or a remote disk. Its own output goes to $TMPDIR/elasticrun-agent-JOB-HOST.log on its

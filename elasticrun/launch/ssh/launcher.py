@@ -10,7 +10,7 @@ The bootstrap runs the command as the leader of a new session and watches its st
 driver died) or a SIGTERM/SIGHUP/SIGINT to the bootstrap itself sends SIGTERM to the
 command's process group and SIGKILL after the grace period, so no remote orphans remain.
 A worker as seen through its channel (output, exit status, its host's probe) is an
-SSHProcess (ssh_process.py).
+SSHProcess (process.py).
 
 A Python worker (`python SCRIPT` or `python -m MODULE`) is forked by its host's worker
 template (worker/host_template.py), which imported torch once: started on a channel of its
