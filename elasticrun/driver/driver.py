@@ -13,7 +13,6 @@ import logging
 import os
 import secrets
 import signal
-import socket
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -39,22 +38,16 @@ from elasticrun.driver.queue import EventQueue
 from elasticrun.driver.rounds import events as ev
 from elasticrun.driver.rounds.machine import RoundMachine
 from elasticrun.driver.server.app import WorkerServer
-from elasticrun.driver.server.listen import (
-    covered,
-    dial_address,
-    listen_addresses,
-    wildcard_warning,
-)
+from elasticrun.driver.serving import addresses_for, announce, serve
 from elasticrun.driver.workforce import Workforce
 from elasticrun.job.config import DriverConfig
-from elasticrun.job.errors import ConfigError, ElasticrunError, JobFailedError
+from elasticrun.job.errors import ElasticrunError, JobFailedError
 from elasticrun.system.loop_signals import handling
 
 log = logging.getLogger("elasticrun.driver")
 
 SIGNALS = {signal.SIGINT: 130, signal.SIGTERM: 143}  # exit codes as a shell reports them
 TASKS_STOP_S = 5.0  # how long the driver's own tasks get to stop once cancelled
-RESUME_PORT_WAIT_S = 10.0  # the old driver's port may be freed a moment after its death
 # a discovery call's bound beyond --discovery-timeout: a script's own timeout (which kills
 # it and says so) comes first; a plugin that hangs fails the poll
 DISCOVERY_SLACK_S = 5.0
@@ -149,42 +142,26 @@ class Driver:
         placement = self._workers.placement
         placement.set_hosts(list(hosts))
         all_local = placement.all_local
-        dialed = [dial_address(config.bind, placement.address_for(host))
-                  for host in ["localhost", *hosts]]
-        addresses = listen_addresses(config.bind, all_local, dialed)
+        addresses = addresses_for(config, placement, hosts)
         routes = self._routes.routes() + (self._agents.routes() if self._agents else [])
         port = config.port
         if self._resumed is not None:  # the same port, and the new epoch on disk first
             port = self._resumed.job.port
             self._journal = await self._open_journal(port)
-            self._open_pool(dialed[0], port, all_local)
-        try:
-            listening = None if config.listen_fd is None else socket.socket(
-                fileno=config.listen_fd)
-            port = await self._server.start(addresses, port, routes,
-                                            RESUME_PORT_WAIT_S if self._resumed else 0.0,
-                                            listening)
-        except OSError as exc:
-            raise ConfigError(f"cannot listen on {', '.join(addresses)} port "
-                              f"{port}: {exc.strerror or exc}") from None
+            self._open_pool(addresses.dialed[0], port, all_local)
+        port = await serve(self._server, config, addresses, port, routes,
+                           resumed=self._resumed is not None)
         serving = getattr(self._launcher, "serving", None)
         if serving is not None:  # local agents dial this port
             serving(port)
-        if config.uses_agents:
-            log.info("agents connect at http://%s:%d", ",".join(addresses), port)
-        elif (warning := wildcard_warning(addresses, port)) is not None:
-            log.warning("%s", warning)
-        status_host = "127.0.0.1" if covered(addresses, "127.0.0.1") else dialed[0]
-        log.info("job %s: status at http://%s:%d/status (elasticrun status http://%s:%d)",
-                 self.job_id, status_host, port, status_host, port)
-        log.debug("driver server on %s port %d", ", ".join(addresses), port)
+        announce(config, self.job_id, addresses, port)
         if config.state_dir is not None and self._journal is None:
             self._journal = await self._open_journal(port)
         if self._journal is not None:
             self._run_task(self._journal.heartbeat())
         self._telemetry.job_started(config, hosts, self._watcher.describe())
         if self._workers.pool is None:
-            self._open_pool(dialed[0], port, all_local)
+            self._open_pool(addresses.dialed[0], port, all_local)
         if self._resumed is not None:
             self.post(ev.JobResumed(self._epoch, config.start_timeout, self._lost_with_driver()))
             self.post(ev.HostsFound(hosts))

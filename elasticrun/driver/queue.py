@@ -12,7 +12,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from elasticrun.driver.rounds.events import Action, Event, SetTimer, TimerFired
+from elasticrun.driver.rounds.actions import Action, SetTimer
+from elasticrun.driver.rounds.events import Event, TimerFired
 
 
 class EventQueue:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from elasticrun.driver.rounds.events import TimerKind
+from elasticrun.driver.rounds.actions import TimerKind
 from elasticrun.driver.rounds.state import JobPhase
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "concepts" / "how-it-works.md"

@@ -20,9 +20,9 @@ from elasticrun.driver.rounds import (
     slot_failures,
     total_loss,
 )
+from elasticrun.driver.rounds.actions import OpenRound, Spawn, TimerKind
 from elasticrun.driver.rounds.assignment import Assignment, SlotId
 from elasticrun.driver.rounds.capacity import shortfall, start_refusal
-from elasticrun.driver.rounds.events import OpenRound, Spawn, TimerKind
 from elasticrun.driver.rounds.state import JobPhase, Round, WorkerRecord, WorkerStatus
 from elasticrun.driver.rounds.step import Step
 

@@ -14,8 +14,8 @@ kept until then, holding the committed state: a host that comes back is used aga
 from __future__ import annotations
 
 from elasticrun.driver.rounds import planner, replica_groups, restarts, slot_failures
+from elasticrun.driver.rounds.actions import PostNotice, Spawn, StopWorkers, TimerKind
 from elasticrun.driver.rounds.assignment import Assignment
-from elasticrun.driver.rounds.events import PostNotice, Spawn, StopWorkers, TimerKind
 from elasticrun.driver.rounds.state import JobPhase, WorkerRecord, WorkerStatus
 from elasticrun.driver.rounds.step import Step
 from elasticrun.protocol import HostUpdateResult

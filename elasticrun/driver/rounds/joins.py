@@ -8,7 +8,8 @@ settles, or the time a leaving worker is kept runs out.
 from __future__ import annotations
 
 from elasticrun.driver.rounds import growth, slot_failures
-from elasticrun.driver.rounds.events import JoinAsked, StopWorkers, TimerKind
+from elasticrun.driver.rounds.actions import StopWorkers, TimerKind
+from elasticrun.driver.rounds.events import JoinAsked
 from elasticrun.driver.rounds.state import JobPhase, ResetRequest, WorkerRecord, WorkerStatus
 from elasticrun.driver.rounds.step import Step
 from elasticrun.protocol import JoinReply

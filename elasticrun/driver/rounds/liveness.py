@@ -29,14 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from elasticrun.driver.rounds import restarts
-from elasticrun.driver.rounds.events import (
-    InspectWorkers,
-    ProbeAnswered,
-    ProbeRound,
-    ProcessesInspected,
-    TimerKind,
-    WorkerStalled,
-)
+from elasticrun.driver.rounds.actions import InspectWorkers, ProbeRound, TimerKind
+from elasticrun.driver.rounds.events import ProbeAnswered, ProcessesInspected, WorkerStalled
 from elasticrun.driver.rounds.state import JobPhase, Stall, WorkerRecord
 from elasticrun.driver.rounds.step import Step
 from elasticrun.system.process_view import ProcessState

@@ -2,7 +2,8 @@
 
 `RoundMachine.handle(event, now)` changes the job's state (state.py) and returns the actions
 the driver carries out. No asyncio, no I/O, no clock: time comes in as `now`, timers go out
-as actions and come back as TimerFired events.
+as actions and come back as TimerFired events. A worker's end (its exit, its own error, a
+hang, a failed spawn) is taken in worker_ends.py.
 
     STARTING --enough hosts--> RECOVERING --round cut--> RUNNING
     RUNNING --a member failed / reset asked--> RECOVERING --round cut--> RUNNING
@@ -30,10 +31,11 @@ from elasticrun.driver.rounds import (
     slot_failures,
     stragglers,
     total_loss,
+    worker_ends,
 )
+from elasticrun.driver.rounds.actions import Action, StopWorkers, TimerKind
 from elasticrun.driver.rounds.assignment import SlotId
 from elasticrun.driver.rounds.events import (
-    Action,
     Event,
     HostsAdded,
     HostsDrained,
@@ -46,9 +48,7 @@ from elasticrun.driver.rounds.events import (
     ProbeAnswered,
     ProcessesInspected,
     SpawnFailed,
-    StopWorkers,
     TimerFired,
-    TimerKind,
     WorkerBack,
     WorkerExited,
     WorkerFailing,
@@ -58,8 +58,7 @@ from elasticrun.driver.rounds.events import (
     WorkerSynced,
     WorkerTrained,
 )
-from elasticrun.driver.rounds.exits import describe_exit, exit_kind
-from elasticrun.driver.rounds.state import JobPhase, JobState, WorkerRecord, WorkerStatus
+from elasticrun.driver.rounds.state import JobPhase, JobState, WorkerStatus
 from elasticrun.driver.rounds.step import Step
 from elasticrun.job.config import DriverConfig
 
@@ -88,9 +87,9 @@ class RoundMachine:
             if self.state.sync_grace_until is not None:
                 cutting.cut(step)
         elif isinstance(event, WorkerExited):
-            _after_exit(step, _worker_exited(step, event))
+            worker_ends.after_exit(step, worker_ends.exited(step, event))
         elif isinstance(event, WorkerFailing):
-            _worker_failing(step, event)
+            worker_ends.failing(step, event)
         elif isinstance(event, TimerFired):
             _timer_fired(step, event)
         elif isinstance(event, ProbeAnswered):
@@ -100,7 +99,7 @@ class RoundMachine:
         elif isinstance(event, WorkerStalled):
             liveness.stalled(step, event)
         elif isinstance(event, ProcessesInspected):
-            _hung(step, liveness.inspected(step, event))
+            worker_ends.hung(step, liveness.inspected(step, event))
         elif isinstance(event, HostsFound) and self.state.resume is not None:
             _resume_decided(step, resume.hosts_found(step, event.hosts))
         elif isinstance(event, (HostsFound, JobStarted)):
@@ -117,8 +116,8 @@ class RoundMachine:
         elif isinstance(event, WorkerStarted):
             _worker_started(step, event.worker)
         elif isinstance(event, SpawnFailed):
-            _spawn_failed(step, event)
-            _after_exit(step)
+            worker_ends.spawn_failed(step, event)
+            worker_ends.after_exit(step)
         elif isinstance(event, WorkerTrained):
             slot_failures.trained(step, event.worker)
         elif isinstance(event, InitCalled):
@@ -181,141 +180,6 @@ def _worker_started(step: Step, worker_id: str) -> None:
         growth.standby_started(step, worker)
 
 
-def _spawn_failed(step: Step, event: SpawnFailed) -> None:
-    worker = step.state.workers.get(event.worker)
-    if worker is None:
-        return
-    worker.alive = False
-    worker.status = WorkerStatus.FAILED
-    _forget(step, worker.id)
-    cause = f"{event.error} (on host {worker.slot.host})"
-    step.record_failure(worker, cause, "spawn_error", rank=None)
-    if restarts.applies(step.state, worker):
-        restarts.failed(step, cause, "spawn_error")
-    step.fail_host(worker.slot.host, event.error)
-
-
-def _after_exit(step: Step, gone: WorkerRecord | None = None) -> None:
-    """A worker is gone: the new worker waiting for its slot starts, a restart waiting for
-    its round's members may go on, and so may a cut waiting for sync reports (with no worker
-    alive, none can come). A failed standby's slot gets a new one (a member's: at the cut)."""
-    state = step.state
-    if step.stopped:
-        return
-    slot_failures.vacated(step)
-    waiting_for_reports = state.sync_grace_until is not None
-    if restarts.all_gone(state, step.now) or state.unrecoverable is not None or (
-            waiting_for_reports and not any(w.alive for w in state.workers.values())):
-        cutting.cut(step)
-    if gone is not None and gone.status is WorkerStatus.FAILED and not state.is_member(gone.id):
-        state.workers.pop(gone.id, None)  # nothing refers to it any more (a cut may have
-        growth.plan(step)  # forgotten it already); its slot gets a new standby
-
-
-def _worker_exited(step: Step, event: WorkerExited) -> WorkerRecord | None:
-    """Returns the worker that is gone (None: unknown, or gone already)."""
-    state = step.state
-    worker = state.workers.get(event.worker)
-    if worker is None or not worker.alive:
-        return None
-    worker.alive = False
-    _forget(step, worker.id)
-    code = event.code
-    if worker.status is WorkerStatus.FAILED:
-        step.log("debug", f"worker {worker.slot} ended after its own error "
-                          f"({describe_exit(code)})")
-        return worker
-    if worker.status in (WorkerStatus.RELEASED, WorkerStatus.STOPPING):
-        step.log("debug", f"worker {worker.slot} ended after being stopped or released "
-                          f"({describe_exit(code)})")
-        if worker.status is WorkerStatus.STOPPING:
-            restarts.died_while_stopping(step, worker, code)
-        _finish_if_done(step)
-        return worker
-    if code == 0:
-        worker.status = WorkerStatus.FINISHED
-        if state.is_member(worker.id):
-            state.phase = JobPhase.FINISHING
-        _finish_if_done(step)
-        return worker
-    worker.status = WorkerStatus.FAILED
-    if event.host_lost and restarts.applies(state, worker):
-        restarts.lost_with_host(step, worker, code)
-        return worker
-    cause = f"rank {worker.rank} on host {worker.slot.host} {describe_exit(code)}"
-    step.record_failure(worker, cause, exit_kind(code), rank=worker.rank, exit_code=code)
-    if event.host_lost:  # its agent went away: the host is lost, not only this worker
-        step.fail_host(worker.slot.host, f"{cause} with its host's agent")
-    else:
-        _failed(step, worker, cause, exit_kind(code))
-    return worker
-
-
-def _worker_failing(step: Step, event: WorkerFailing) -> None:
-    """Its own error ends a worker: the same as its failed exit, but known before it is
-    through its teardown, so its round breaks now. It is left to print its error and exit
-    (it is not stopped: a signal could cut its traceback off)."""
-    worker = step.state.workers.get(event.worker)
-    if worker is None or not worker.alive or worker.status is not WorkerStatus.RUNNING:
-        return
-    worker.status = WorkerStatus.FAILED
-    _forget(step, worker.id)
-    cause = f"rank {worker.rank} on host {worker.slot.host} failed: {event.failure}"
-    step.record_failure(worker, cause, "exception", rank=worker.rank)
-    if event.unrecoverable and step.state.unrecoverable is None:
-        step.state.unrecoverable = (worker.id, cause)  # a restart would fail the same way
-    _failed(step, worker, cause, "exception")
-
-
-def _hung(step: Step, verdicts: list[liveness.Verdict]) -> None:
-    """Hung workers are killed at once (one that woke up later must not act in a later
-    round) and fail as a failed exit does. A host that does not answer fails too: it can
-    neither be stopped nor used."""
-    for verdict in verdicts:
-        worker = verdict.worker
-        if not worker.alive or worker.status is not WorkerStatus.RUNNING:
-            continue
-        worker.status = WorkerStatus.FAILED
-        _forget(step, worker.id)
-        step.state.stall = None
-        step.emit(StopWorkers((worker.id,), kill=True))
-        cause = f"rank {worker.rank} on host {worker.slot.host} hung: {verdict.reason}"
-        step.record_failure(worker, cause, "hang", rank=worker.rank)
-        _failed(step, worker, cause, "hang")
-        if verdict.unreachable:
-            step.fail_host(worker.slot.host, cause)
-
-
-def _failed(step: Step, worker: WorkerRecord, cause: str, kind: str) -> None:
-    if restarts.applies(step.state, worker):
-        restarts.failed(step, cause, kind)
-        slot_failures.blame(step, worker, cause)
-    elif step.state.phase is JobPhase.FINISHING:
-        step.fail(f"{cause} after other workers had finished")
-    else:
-        slot_failures.failed(step, worker, cause)
-
-
-def _forget(step: Step, worker_id: str) -> None:
-    state = step.state
-    state.waiting_joins.pop(worker_id, None)
-    state.growth.ids.discard(worker_id)
-    state.growth.ready.discard(worker_id)
-    stragglers.forget(step, worker_id)
-
-
-def _finish_if_done(step: Step) -> None:
-    current = step.state.round
-    if current is None or not current.member_ids:
-        return
-    workers = step.state.workers
-    if all((w := workers.get(wid)) is not None and w.status is WorkerStatus.FINISHED
-           for wid in current.member_ids):
-        step.log("info", f"all {len(current.member_ids)} worker(s) of round "
-                         f"{current.number} finished")
-        step.finish(0)
-
-
 def _timer_fired(step: Step, event: TimerFired) -> None:
     state, timer = step.state, event.timer
     kind = timer.kind
@@ -339,14 +203,14 @@ def _timer_fired(step: Step, event: TimerFired) -> None:
     elif kind is TimerKind.HOLD_LEAVING:
         joins.reevaluate(step)
     elif kind is TimerKind.PROBE:
-        _hung(step, liveness.probe_due(step, timer.round))
+        worker_ends.hung(step, liveness.probe_due(step, timer.round))
     elif kind is TimerKind.FORMING:
         liveness.forming_due(step, timer.round)
     elif kind is TimerKind.RESUME_BOUND:
         _resume_decided(step, resume.bound_passed(step))
     elif kind is TimerKind.RESTART_STOPPED:
         restarts.stop_deadline(step)
-        _after_exit(step)
+        worker_ends.after_exit(step)
     elif kind is TimerKind.STANDBY_DEADLINE:
         growth.standby_deadline(step, timer.worker)
     elif kind is TimerKind.COOLDOWN_END and timer.slot >= 0:

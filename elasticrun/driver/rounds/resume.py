@@ -23,7 +23,8 @@ from __future__ import annotations
 from collections import deque
 
 from elasticrun.driver.rounds import cutting
-from elasticrun.driver.rounds.events import JobResumed, TimerKind
+from elasticrun.driver.rounds.actions import TimerKind
+from elasticrun.driver.rounds.events import JobResumed
 from elasticrun.driver.rounds.readoption import FailMissing, FreshRound, Readopt, Refuse, decide
 from elasticrun.driver.rounds.state import JobPhase, JobState, Resume, WorkerStatus
 from elasticrun.driver.rounds.step import Step

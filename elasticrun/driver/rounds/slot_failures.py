@@ -22,8 +22,8 @@ the old one is killed.
 from __future__ import annotations
 
 from elasticrun.driver.rounds import evidence, planner, restarts
+from elasticrun.driver.rounds.actions import StopWorkers, TimerKind
 from elasticrun.driver.rounds.assignment import SlotId
-from elasticrun.driver.rounds.events import StopWorkers, TimerKind
 from elasticrun.driver.rounds.evidence import Blame, Verdict
 from elasticrun.driver.rounds.state import WorkerRecord
 from elasticrun.driver.rounds.step import Step

@@ -12,8 +12,8 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from elasticrun.driver.hosts.registry import HostRegistry
+from elasticrun.driver.rounds.actions import Spawn
 from elasticrun.driver.rounds.assignment import Assignment, SlotId
-from elasticrun.driver.rounds.events import Spawn
 from elasticrun.driver.rounds.evidence import Strikes
 from elasticrun.driver.rounds.pace import PaceBook
 from elasticrun.system.process_view import ProcessView

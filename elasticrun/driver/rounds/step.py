@@ -10,8 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from elasticrun.driver.rounds.assignment import SlotId
-from elasticrun.driver.rounds.events import (
+from elasticrun.driver.rounds.actions import (
     Action,
     AnswerJoin,
     BreakRound,
@@ -26,6 +25,7 @@ from elasticrun.driver.rounds.events import (
     Timer,
     TimerKind,
 )
+from elasticrun.driver.rounds.assignment import SlotId
 from elasticrun.driver.rounds.state import JobPhase, JobState, WorkerRecord, WorkerStatus
 from elasticrun.job.config import DriverConfig
 from elasticrun.protocol import JoinReply
