@@ -77,7 +77,7 @@ def cut(step: Step) -> None:
     if state.unrecoverable is not None:
         worker_id, cause = state.unrecoverable
         worker = state.workers.get(worker_id)
-        if worker is None or not worker.alive:  # (alive: its exit cuts again, machine.py)
+        if worker is None or not worker.alive:  # (alive: its exit cuts again, worker_ends.py)
             step.fail(f"{cause}; the job cannot go on from its committed state")
         return
     if restarts.hold(step):

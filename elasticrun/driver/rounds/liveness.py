@@ -21,7 +21,7 @@ its first join, and a laggard whose process is stopped is hung (one whose host d
 answer may be starting up on a loaded host: the check-in bounds apply to it).
 A member that does not answer while its host says it runs holds its GIL (a long GC pause, a
 long C call): slow, not hung. A lasting stall is probed every few seconds; it ends when the
-reports stop. The functions return the verdicts; the machine fails the hosts (machine.py).
+reports stop. The functions return the verdicts; the machine fails the hosts (worker_ends.py).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ The rules:
 - With nothing kept (--no-host-snapshots and no --checkpoint-dir), the job stops as before:
   a new round would train from scratch in silence.
 - A restarted round that finds no kept commit, or one that does not fit the model, ends the
-  job at once (its workers report an UnrecoverableStateError: machine.py), rather than
+  job at once (its workers report an UnrecoverableStateError: worker_ends.py), rather than
   spending every restart on the same outcome.
 """
 
