@@ -18,12 +18,12 @@ from pathlib import Path
 
 from elasticrun.agent.runner import REFUSED_EXIT, AgentSettings
 from elasticrun.api.job_config import build_config
-from elasticrun.cli.torchrun_args import (
+from elasticrun.cli.torchrun_args import TorchrunArgs
+from elasticrun.cli.torchrun_rendezvous import (
     C10D_DEFAULT_PORT,
     JOIN_TIMEOUT_S,
     LAST_CALL_TIMEOUT_S,
     STATIC_DEFAULT_PORT,
-    TorchrunArgs,
     parse_endpoint,
 )
 from elasticrun.job.config import DriverConfig

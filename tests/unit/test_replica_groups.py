@@ -12,7 +12,7 @@ import pytest
 import elasticrun
 from elasticrun import protocol
 from elasticrun.api.job_config import build_config
-from elasticrun.api.run import job_settings
+from elasticrun.api.run_settings import job_settings
 from elasticrun.cli import horovodrun, main
 from elasticrun.cli.config_file import load_config_file
 from elasticrun.driver.processes.records import EnvSettings, Placed, job_env

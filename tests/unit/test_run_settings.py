@@ -17,7 +17,8 @@ import pytest
 
 import elasticrun
 from elasticrun.api.func_job import last_round_results
-from elasticrun.api.run import JobSettings, job_settings, pickle_call, python_names
+from elasticrun.api.run import pickle_call
+from elasticrun.api.run_settings import JobSettings, job_settings, python_names
 from elasticrun.driver.hosts.registry import HostRegistry
 from elasticrun.driver.rounds.assignment import SlotId
 from elasticrun.driver.rounds.state import JobState, Round, WorkerRecord

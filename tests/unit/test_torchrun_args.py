@@ -17,16 +17,14 @@ from elasticrun.cli.machine import gpu_count
 from elasticrun.cli.torchrun import read_options, torchrun_cli
 from elasticrun.cli.torchrun_args import (
     Devices,
-    RdzvConf,
     TorchrunArgs,
-    parse_endpoint,
     parse_local_ranks,
     parse_nnodes,
     parse_nproc,
-    parse_rdzv_conf,
     parse_signals,
     parse_std,
 )
+from elasticrun.cli.torchrun_rendezvous import RdzvConf, parse_endpoint, parse_rdzv_conf
 from elasticrun.job.errors import ConfigError
 
 DEVICES = Devices(gpus=2, cpus=8)
