@@ -21,13 +21,12 @@ import logging
 import secrets
 import shutil
 import signal
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 
-from elasticrun import protocol
+from elasticrun.agent.contact import DriverContact, DriverGone, Refused
 from elasticrun.agent.outbox import Outbox
 from elasticrun.agent.workers import AgentWorkers
 from elasticrun.launch.agents import wire
@@ -61,22 +60,14 @@ class AgentSettings:
     token_hint: str = "is --token-file the job's agent token?"
 
 
-class Refused(Exception):
-    """The driver will not take this agent, now or ever; the message says why."""
-
-
-class DriverGone(Exception):
-    """The driver has been silent for longer than the grace."""
-
-
 class Agent:
     def __init__(self, settings: AgentSettings) -> None:
         self.settings = settings
         self._id = secrets.token_hex(8)
         self._outbox = Outbox()
         self._workers = AgentWorkers(settings.token, settings.working_dir, self._outbox.put)
-        self._last_heard = time.monotonic()
-        self._welcomed = False  # a driver took this agent once
+        self._contact = DriverContact(settings.driver, settings.token, settings.token_hint,
+                                      settings.driver_grace, settings.first_contact_timeout)
         self._draining = False
         self._ending: asyncio.Task[None] | None = None  # the job is over: its workers stop
         self._result: asyncio.Future[int] = asyncio.get_running_loop().create_future()
@@ -103,12 +94,12 @@ class Agent:
             return REFUSED_EXIT
         except DriverGone:
             count = len(self._workers)
-            if self._welcomed:
+            if self._contact.welcomed:
                 log.error("the driver at %s has not answered for %gs: stopping %d worker(s)",
                           self.settings.driver, self.settings.driver_grace, count)
             else:
                 log.error("could not reach the driver at %s within %gs", self.settings.driver,
-                          self._patience())
+                          self._contact.patience())
             await self._workers.stop_all(self.settings.stop_grace)
             return 1
         finally:
@@ -167,7 +158,7 @@ class Agent:
             try:
                 ws = await within(self._connect(session), CONNECT_TIMEOUT_S)
             except (TimeoutError, aiohttp.ClientError, OSError, wire.BadMessage) as exc:
-                self._check_grace(f"cannot reach it: {exc}")
+                self._contact.check_grace(f"cannot reach it: {exc}")
                 await asyncio.sleep(RETRY_S[min(attempt, len(RETRY_S) - 1)])
                 attempt += 1
                 continue
@@ -183,56 +174,23 @@ class Agent:
                 return
             log.warning("the connection to the driver closed; reconnecting (for up to %gs)",
                         self.settings.driver_grace)
-            self._check_grace("its connection closed")
-
-    def _check_grace(self, why: str) -> None:
-        silent = time.monotonic() - self._last_heard
-        log.debug("driver unreachable for %.1fs: %s", silent, why)
-        if silent > self._patience():
-            raise DriverGone
-
-    def _patience(self) -> float:
-        """How long the driver may stay unreachable: its grace, or, before it ever
-        answered, the first contact's timeout."""
-        first = self.settings.first_contact_timeout
-        if self._welcomed or first is None:
-            return self.settings.driver_grace
-        return max(first, self.settings.driver_grace)
+            self._contact.check_grace("its connection closed")
 
     async def _connect(self, session: aiohttp.ClientSession
                        ) -> aiohttp.ClientWebSocketResponse:
-        headers = protocol.sign_headers(self.settings.token, "GET", wire.PATH, b"")
-        try:
-            ws = await session.ws_connect(
-                self.settings.driver.rstrip("/") + wire.PATH, headers=headers,
-                autoping=False, max_msg_size=wire.MAX_MESSAGE_BYTES,
-                timeout=aiohttp.ClientWSTimeout(ws_close=2.0))
-        except aiohttp.WSServerHandshakeError as exc:
-            reason = (exc.headers.get(wire.REFUSED_HEADER) if exc.headers else None) \
-                or exc.message
-            if exc.status == 401:
-                raise Refused(f"{reason} ({self.settings.token_hint})") from None
-            raise aiohttp.ClientError(f"{reason} ({exc.status})") from None
-        # Workers that ended while the driver was away count too: their exits are queued.
-        known = self._workers.ids() + self._outbox.exited()
-        await ws.send_str(wire.encode(wire.Hello(
-            self.settings.host, self.settings.slots, self._id, tuple(known), self._draining)))
-        reply = await within(ws.receive(), 10.0)
-        message = wire.decode(reply.data) if reply.type == aiohttp.WSMsgType.TEXT else None
-        if isinstance(message, wire.Refused):
-            await ws.close()
-            raise Refused(message.reason)
-        if not isinstance(message, wire.Welcome):
-            await ws.close()
-            raise aiohttp.ClientError("no welcome from the driver")
-        self._last_heard = time.monotonic()
-        self._welcomed = True
+        ws, welcome = await self._contact.connect(session, self._hello)
         self._set_ready(True)
         log.info("connected to the driver at %s (job %s) as host %s with %d slot(s)",
-                 self.settings.driver, message.job, self.settings.host, self.settings.slots)
-        for worker in message.stop:
+                 self.settings.driver, welcome.job, self.settings.host, self.settings.slots)
+        for worker in welcome.stop:
             self._workers.stop(worker, self.settings.stop_grace)
         return ws
+
+    def _hello(self) -> wire.Hello:
+        # Workers that ended while the driver was away count too: their exits are queued.
+        known = self._workers.ids() + self._outbox.exited()
+        return wire.Hello(
+            self.settings.host, self.settings.slots, self._id, tuple(known), self._draining)
 
     async def _session(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         """One connection: messages in, messages out, pings, drain progress. Returns when
@@ -255,7 +213,7 @@ class Agent:
     async def _receive(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         while True:
             message = await ws.receive()
-            self._last_heard = time.monotonic()
+            self._contact.heard()
             if message.type == aiohttp.WSMsgType.PING:
                 await ws.pong(message.data)
                 continue
@@ -299,7 +257,7 @@ class Agent:
     async def _ping(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         while True:
             await asyncio.sleep(HEARTBEAT_S)
-            if time.monotonic() - self._last_heard > self.settings.driver_grace:
+            if self._contact.silent_for() > self.settings.driver_grace:
                 raise DriverGone
             await ws.ping()
 

@@ -15,15 +15,14 @@ from elasticrun.protocol import HostUpdateResult, Notice
 from elasticrun.torch.elastic import TorchBackend
 from elasticrun.worker.client import DriverUnreachableError
 from elasticrun.worker.elastic import (
-    BROKEN_ROUND_WAIT_S,
     FAILURE_TEXT_LIMIT,
     Backend,
     HostsUpdatedInterrupt,
     ObjectState,
     WorkersFailedError,
     describe_failure,
-    run_with,
 )
+from elasticrun.worker.elastic_loop import BROKEN_ROUND_WAIT_S, run_with
 
 USER_TIMEOUT = RuntimeError("connection timed out while reading shard 17 from the data lake")
 

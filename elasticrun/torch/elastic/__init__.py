@@ -28,9 +28,9 @@ from elasticrun.worker.elastic import (
     SnapshotMissingError,
     State,
     WorkersFailedError,
-    run_with,
     set_default_backend,
 )
+from elasticrun.worker.elastic_loop import run_with
 
 R = TypeVar("R")
 _AGREEMENT = Request(Kind.ALLREDUCE, dtypes=(torch.int32,), shapes=((1,),), op="max",
