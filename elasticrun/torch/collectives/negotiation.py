@@ -1,15 +1,15 @@
 """Negotiation: before any data moves, the ranks agree on the collective they run.
 
 Each rank encodes its `Request` (requests.py) into a small int64 header; the headers are
-combined by an elementwise MAX over the ranks (gathered and combined here, in small worlds).
-Every compared field travels twice, as x and as -x, so the result
-holds both the largest and the smallest value each rank sent: equal means every rank agrees.
-A rank that called join() sends a neutral value (below any real one) in every compared field
-and its join flags in the tail; its peers learn from the same allreduce that it has joined,
-and what it must contribute. When the ranks disagree, or one could not start (`error`), all
-of them see it in the same result and take the same slow path: they gather every rank's
-request, and each raises the same message (CollectiveMismatchError; the rank at fault its own
-error), before any data moved, so the next collective works.
+combined by an elementwise MAX over the ranks (headers.py: gathered and combined, in small
+worlds). Every compared field travels twice, as x and as -x, so the result holds both the
+largest and the smallest value each rank sent: equal means every rank agrees. A rank that
+called join() sends a neutral value (below any real one) in every compared field and its
+join flags in the tail; its peers learn from the same allreduce that it has joined, and what
+it must contribute. When the ranks disagree, or one could not start (`error`), all of them
+see it in the same result and take the same slow path: they gather every rank's request, and
+each raises the same message (CollectiveMismatchError; the rank at fault its own error),
+before any data moved, so the next collective works.
 
 DistributedOptimizer announces its step early (`announce_early`, from the step's first
 gradient hook), so that the announcement's round trip overlaps the rest of backward; its
@@ -26,13 +26,25 @@ sees a layout, the lowest training rank broadcasts it.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 from elasticrun.torch.collectives import deferral, gathered
+from elasticrun.torch.collectives.headers import (
+    ERROR,
+    GATHER_UP_TO,
+    JOINED,
+    LAST_JOINER,
+    LOWEST_TRAINING,
+    TRAINING,
+    UNKNOWN,
+    Combining,
+    agreed,
+    encode,
+    exchange,
+    make_header,
+)
 from elasticrun.torch.collectives.requests import (
     DTYPES,
     OPS,
@@ -41,18 +53,9 @@ from elasticrun.torch.collectives.requests import (
     CollectiveMismatchError,
     Kind,
     Request,
-    stable_hash,
 )
-from elasticrun.torch.world import plane, runtime
-from elasticrun.torch.world.boundary import collective
+from elasticrun.torch.world import runtime
 from elasticrun.torch.world.place import Scope
-
-NEUTRAL = -(1 << 62)  # below every encoded value and its negation (those are under 2**61)
-_CHECKED = 13  # kind, dtype, device, op, root, shapes, scales, name, numel, bucket dtype,
-#                buckets, layout, early
-_TAIL = 6  # joined, training, last joiner, -(lowest training rank), error, layout unknown
-JOINED, TRAINING, LAST_JOINER, LOWEST_TRAINING, ERROR, UNKNOWN = range(2 * _CHECKED,
-                                                                       2 * _CHECKED + _TAIL)
 
 
 @dataclass(frozen=True)
@@ -71,84 +74,15 @@ class Agreement:
     failed: str = ""  # the ranks disagreed (a joined rank learns it, and goes on)
     early: bool = False  # an early announcement: its data comes later, announced again
 
-def _code(dtype: torch.dtype | None) -> int:
-    return DTYPES.index(dtype) + 1 if dtype in DTYPES else 0
-
-
-@functools.lru_cache(maxsize=256)
-def encode(request: Request) -> tuple[int, ...]:
-    """The compared fields of a request (cached: a step's request is the same each step)."""
-    first_numel, first_dtype = request.buckets[0] if request.buckets else (0, None)
-    fields = (int(request.kind), stable_hash(repr(request.dtypes)),
-              int(request.device == "GPU"),
-              OPS.index(request.op), request.root + 1,
-              stable_hash(repr(request.compared_shapes())), stable_hash(repr(request.scales)),
-              NEUTRAL if request.name is None else stable_hash(request.name),
-              first_numel, _code(first_dtype), len(request.buckets),
-              request.layout_key() if len(request.buckets) > 1 else 0, int(request.early))
-    negated = tuple(NEUTRAL if f == NEUTRAL else -f for f in fields)
-    return fields + negated
-
-
-def _header(compared: tuple[int, ...], *, rank: int, joining: bool, error: bool,
-            unknown: bool) -> torch.Tensor:
-    if compared:  # a training rank
-        tail = (0, 1, -1, -rank, int(error), int(unknown))
-    else:  # a joined rank: neutral everywhere it compares
-        compared = (NEUTRAL,) * (2 * _CHECKED)
-        tail = (1, 0, rank if joining else -1, NEUTRAL, 0, 0)
-    return torch.tensor(compared + tail, dtype=torch.int64)
-
-
-# Up to this many ranks the headers are gathered and combined here: for a few hundred bytes
-# Gloo's ring allreduce costs about three times the CPU of an allgather (2 ranks on 2 cores:
-# 1.2 ms against 0.4 ms a header), which takes half the steps around the ring.
-GATHER_UP_TO = 64
-
-
-class _Combining:
-    """The elementwise MAX over ranks (of `group`: None for the round's) of a header."""
-
-    def __init__(self, header: torch.Tensor, size: int,
-                 group: dist.ProcessGroup | None = None) -> None:
-        self._header = header
-        self._parts = ([torch.empty_like(header) for _ in range(size)]
-                       if size <= GATHER_UP_TO else None)
-        with collective("negotiating a collective"):
-            if self._parts is not None:
-                self._work = plane.all_gather(self._parts, header, async_op=True, group=group)
-            else:
-                self._work = plane.all_reduce(header, op=dist.ReduceOp.MAX, async_op=True,
-                                              group=group)
-
-    def result(self) -> list[int]:
-        with collective("negotiating a collective"):
-            self._work.wait()
-        if self._parts is None:
-            return self._header.tolist()
-        values: list[int] = torch.stack(self._parts).amax(dim=0).tolist()
-        return values
-
-
-def _exchange(header: torch.Tensor, size: int, group: dist.ProcessGroup | None = None
-              ) -> list[int]:
-    return _Combining(header, size, group).result()
-
-
-def _agreed(values: list[int]) -> tuple[bool, list[int]]:
-    """(whether every training rank sent the same compared fields, those fields)."""
-    hi, negated = values[:_CHECKED], values[_CHECKED:2 * _CHECKED]
-    same = all(h == (NEUTRAL if n == NEUTRAL else -n) for h, n in zip(hi, negated, strict=True))
-    return same, hi
-
 
 def _training_header(request: Request, local_error: BaseException | None,
                      rank: int | None = None) -> torch.Tensor:
     """The header of `request` (a new tensor: an allreduce changes it in place). `rank`: in
     a process set, this rank's place in it."""
     unknown = len(request.buckets) > 1 and request.layout_key() not in gathered.registry()
-    return _header(encode(request), rank=runtime.current().slot.rank if rank is None else rank,
-                   joining=False, error=local_error is not None, unknown=unknown)
+    return make_header(encode(request),
+                       rank=runtime.current().slot.rank if rank is None else rank,
+                       joining=False, error=local_error is not None, unknown=unknown)
 
 
 _headers: dict[tuple[Request, int, int], torch.Tensor] = {}  # (request, round, rank)
@@ -172,7 +106,7 @@ def _decided(request: Request, values: list[int], local_error: BaseException | N
              scope: Scope | None = None) -> Agreement:
     """A training rank's reading of the combined headers (raising, on every rank alike, when
     they disagree)."""
-    same, _ = _agreed(values)
+    same, _ = agreed(values)
     joined = values[JOINED] == 1
     if not same or values[ERROR] or (joined and request.kind not in SERVED_WHILE_JOINED):
         message = gathered.slow_path(request, scope)
@@ -225,12 +159,12 @@ def negotiate_named(request: Request, local_error: BaseException | None = None,
                          request.buckets, request.op)
     settle_early()
     if scope is not None and scope.group is not None:  # a process set: no joins, no layouts
-        header = _header(encode(request), rank=scope.rank, joining=False,
-                         error=local_error is not None, unknown=False)
-        return _decided(request, _exchange(header, size, scope.group), local_error, scope)
+        header = make_header(encode(request), rank=scope.rank, joining=False,
+                             error=local_error is not None, unknown=False)
+        return _decided(request, exchange(header, size, scope.group), local_error, scope)
     while True:
-        values = _exchange(_training_header(request, local_error), size)
-        same, _ = _agreed(values)
+        values = exchange(_training_header(request, local_error), size)
+        same, _ = agreed(values)
         if same or values[ERROR] or values[JOINED] == 1 or local_error is not None:
             agreement = _decided(request, values, local_error)
             if wanted is not None:
@@ -260,7 +194,7 @@ class Early:
     def __init__(self, request: Request) -> None:
         self.request = request
         self.round = runtime.current().round
-        self._combining = _Combining(_repeated_header(request), runtime.current().slot.size)
+        self._combining = Combining(_repeated_header(request), runtime.current().slot.size)
         self._agreement: Agreement | None = None
 
     def result(self) -> Agreement:
@@ -304,11 +238,11 @@ def negotiate_joined(joining: bool) -> Agreement:
     """A joined rank's side (join.py): what the training ranks are about to run, and what
     to contribute to it. `joining`: this is the rank's first header since it joined."""
     slot = runtime.current().slot
-    values = _exchange(_header((), rank=slot.rank, joining=joining, error=False,
-                               unknown=False), slot.size)
+    values = exchange(make_header((), rank=slot.rank, joining=joining, error=False,
+                                  unknown=False), slot.size)
     if values[TRAINING] == 0:
         return Agreement(None, joined=True, all_joined=True, last_joiner=values[LAST_JOINER])
-    same, fields = _agreed(values)
+    same, fields = agreed(values)
     kind = Kind(fields[0])
     if not same or values[ERROR] or kind not in SERVED_WHILE_JOINED:
         return Agreement(kind, joined=True, failed=gathered.slow_path(None) or "disagreed")

@@ -25,15 +25,16 @@ from elasticrun.protocol import SlotInfo
 from elasticrun.system.netif import interface_towards
 from elasticrun.torch.world import devices
 from elasticrun.torch.world.devices import DataPlane
+from elasticrun.torch.world.driver_calls import DriverCalls
 from elasticrun.torch.world.groups import group_count as _group_count  # noqa: F401 - tests use it
 from elasticrun.torch.world.groups import init_process_group as _init_process_group
 from elasticrun.torch.world.joining import JoinTiming, join_next_round
 from elasticrun.torch.world.replicas import shard_size_from_env
 from elasticrun.torch.world.session import RoundSession
 from elasticrun.worker import foothold, pace, timeline
-from elasticrun.worker.client import DriverClient, DriverUnreachableError, RequestRefusedError
+from elasticrun.worker.client import DriverClient
 from elasticrun.worker.liveness import StallWatch, watch_stalls
-from elasticrun.worker.notices import NoticeWatcher, ask_round_broken, stop_for_good
+from elasticrun.worker.notices import NoticeWatcher, stop_for_good
 from elasticrun.worker.pace import PaceMeter, PaceReporter
 
 log = logging.getLogger("elasticrun.worker")
@@ -47,9 +48,10 @@ def _connect(slot: SlotInfo, store: dist.Store, timeout: float) -> None:
     _init_process_group(slot, store, timeout)
 
 
-class Runtime:
+class Runtime(DriverCalls):
     """The driver client, this worker's identity and timeouts, the notice watcher, and the
-    current round's session (`session`; None before the first join)."""
+    current round's session (`session`; None before the first join). Its calls to the
+    driver outside a join are `DriverCalls`'."""
 
     def __init__(
         self,
@@ -72,9 +74,6 @@ class Runtime:
         self.plane = DataPlane()
         self.stall_watch: StallWatch | None = None  # hang detection: launched workers only
         self.pace: PaceReporter | None = None  # the pace reports (stragglers): the same
-        # The commit this worker's last sync restored (number, where from): told to the
-        # driver with its next sync report.
-        self.restored: tuple[int, str] | None = None
         self.shard_size = shard_size  # --shard-size: replica groups of this many ranks
         # Called after every round this worker joins (what outlives a round, rebound to it).
         self.on_round: list[Callable[[], None]] = []
@@ -190,35 +189,6 @@ class Runtime:
         if self.client is not None:
             self.client.close()
 
-    def report_synced(self) -> None:
-        """Tells the driver that this worker holds its round's committed state, so that
-        rank 0 of a later round is always one that does."""
-        if self.client is None:
-            return
-        if self.pace is not None:
-            self.pace.meter.restart()  # (the sync's waits say nothing of the members' pace)
-        report: dict[str, object] = {"worker_id": self.worker_id, "round": self.round}
-        if self.restored is not None:
-            report["restored_commit"], report["restored_from"] = self.restored
-            self.restored = None
-        try:
-            self.client.call(protocol.PATH_SYNCED, report)
-        except RequestRefusedError as exc:  # it is being stopped: nothing to hold for
-            log.debug("the driver did not take the sync report: %s", exc)
-
-    def report_trained(self) -> None:
-        """Tells the driver that this worker completed its first commit (best effort)."""
-        if self.client is None:
-            return
-        try:
-            self.client.call(protocol.PATH_TRAINED, {"worker_id": self.worker_id})
-        except (RequestRefusedError, DriverUnreachableError) as exc:
-            log.debug("the driver did not take the first-commit report: %s", exc)
-
-    def note_restored(self, commit: int, source: str) -> None:
-        """This worker's sync restored commit `commit` from `source` (a host, a directory)."""
-        self.restored = (commit, source)
-
     def hosts_changed(self) -> bool:
         """True when the driver announced a host change the current round does not reflect."""
         return self.notices is not None and self.notices.latest > self.notice_seq
@@ -227,29 +197,6 @@ class Runtime:
         """The host-change notices the current round does not reflect (the next commit
         raises HostsUpdatedInterrupt for them)."""
         return [] if self.notices is None else self.notices.notices_after(self.notice_seq)
-
-    def failing(self, failure: str, unrecoverable: bool = False) -> None:
-        """Tells the driver that this worker's own error ends it (best effort);
-        `unrecoverable`: the job cannot go on from its committed state."""
-        if self.client is None:
-            return
-        try:
-            self.client.call(protocol.PATH_FAILING,
-                             {"worker_id": self.worker_id, "failure": failure,
-                              "unrecoverable": unrecoverable})
-        except (RequestRefusedError, DriverUnreachableError) as exc:
-            log.debug("the driver did not take the failure report: %s", exc)
-
-    def round_broken(self, within: float) -> bool:
-        """Whether the driver says this worker's current round broke, waiting at most
-        `within` seconds for it to say so."""
-        number = self.round
-        if self.client is None or number == 0:
-            return False
-        if self.notices is not None and self.notices.broken_round >= number:
-            return True
-        after = self.notices.latest if self.notices is not None else 0
-        return ask_round_broken(self.client, number, within, after)
 
     def _join(self, last_round: int, failure: str, committed: bool) -> None:
         self.last_join = join_next_round(self, _connect, last_round, failure, committed)
