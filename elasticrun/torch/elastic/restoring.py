@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from elasticrun.torch import functions, hsdp
-from elasticrun.torch.elastic import commit_files, keeper, shard_restore
+from elasticrun.torch.elastic import commit_files, commit_fit, keeper, shard_restore
 from elasticrun.torch.elastic.commit_files import (
     CheckpointMismatchError,
     UnreadableCommitError,
@@ -84,7 +84,7 @@ def _restore(state: Restorable, settings: KeepingSettings, offers: list[Offer | 
         try:
             content = commit_files.read(Path(offer.path))
             model = state.model.state_dict() if state.model is not None else None
-            problem = commit_files.mismatch(content, model, state.optimizer)
+            problem = commit_fit.mismatch(content, model, state.optimizer)
         except UnreadableCommitError as exc:
             problem = str(exc)
     problem = functions.broadcast_object(problem, root_rank=root)

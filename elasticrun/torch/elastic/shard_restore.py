@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from elasticrun.torch import functions
-from elasticrun.torch.elastic import commit_files, shards
+from elasticrun.torch.elastic import commit_files, commit_fit, shards
 from elasticrun.torch.elastic.commit_files import CheckpointMismatchError, UnreadableCommitError
 from elasticrun.torch.elastic.keeper import KeepingSettings, Offer
 from elasticrun.torch.elastic.restorable import Restorable
@@ -112,7 +112,7 @@ def _load(state: Restorable, paths: list[str], commit: int, layout: ReplicaLayou
                 contents[0]["holding"]) is not None else _reshard(contents, state, layout)
             model = state.model.state_dict() if state.model is not None else None
             local = None if model is None else {k: shards.local_part(v) for k, v in model.items()}
-            problem = commit_files.mismatch(content, local, None)
+            problem = commit_fit.mismatch(content, local, None)
         except (UnreadableCommitError, ValueError) as exc:
             problem = str(exc)
     problems = [p for p in functions.allgather_object(problem) if p is not None]

@@ -14,7 +14,8 @@ Gloo allreduce. `wait()` (at step(), or synchronize()) starts what has not start
 waits for everything.
 
 Gradients compressed by a compressor other than Compression.none and fp16 take the general
-path: each bucket is an allreduce of its own (compressed tensors, negotiated each).
+path: each bucket is an allreduce of its own (compressed tensors, negotiated each;
+compressed_reduction.py).
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ import torch.distributed as dist
 
 from elasticrun.torch.collectives import handles, host_vote, shared_sum
 from elasticrun.torch.collectives.allgather import sparse_allreduce_async
-from elasticrun.torch.collectives.allreduce import start_grouped
 from elasticrun.torch.collectives.negotiation import (
     Early,
     announce_early,
@@ -41,6 +41,7 @@ from elasticrun.torch.collectives.reduce_ops import Average, ReduceOp, Sum
 from elasticrun.torch.collectives.requests import Kind, Request
 from elasticrun.torch.compression import Compression, Compressor
 from elasticrun.torch.optimizer.buckets import GradientBucket, layout
+from elasticrun.torch.optimizer.compressed_reduction import CompressedBucket, start_compressed
 from elasticrun.torch.world import plane, runtime
 from elasticrun.torch.world.boundary import collective
 from elasticrun.torch.world.place import Scope
@@ -89,9 +90,8 @@ class GradientReduction:
         # sparse_as_dense: the sparse gradients made dense, {position: sparse_dim} per bucket
         self.densified: list[dict[int, int]] = [{} for _ in self.buckets]
         self.works: list[list[Any]] = [[] for _ in self.buckets]
-        self.pending: list[handles.Pending | None] = [None] * len(self.buckets)
-        # the general path: each bucket's gradients and their compressors' contexts
-        self.compressed: dict[int, tuple[list[torch.Tensor], list[Any]]] = {}
+        # the general path: each bucket's allreduce of compressed gradients, if started
+        self.compressed: list[CompressedBucket | None] = [None] * len(self.buckets)
         self.launched: list[float] = [0.0] * len(self.buckets)
         self.next = 0
         drop_early(getattr(self, "early", None))
@@ -242,25 +242,10 @@ class GradientReduction:
             self.sharing.connect_once(len(self.buckets))
 
     def _start_compressed(self, index: int) -> None:
-        bucket = self.buckets[index]
-        grads = []
-        for position, p in enumerate(bucket.params):
-            if p.grad is None:  # every rank must reduce the same tensors
-                p.grad = torch.zeros_like(p)
-            if p.grad.is_sparse:
-                self._sparse(index, position, p.grad.sparse_dim())
-                if not self.sparse_as_dense:
-                    continue
-                p.grad = p.grad.to_dense()
-            grads.append(p.grad)
-        if not grads:  # every gradient is sparse, reduced apart
-            return
-        compressed = [self.compression.compress(g) for g in grads]
-        tensors = [c for c, _ in compressed]
-        self.pending[index] = start_grouped(tensors, self.op, None, 1.0 / self.predivide,
-                                            self.predivide, scope(self.process_set,
-                                                                  "DistributedOptimizer"))
-        self.compressed[index] = (grads, [ctx for _, ctx in compressed])
+        self.compressed[index] = start_compressed(
+            self.buckets[index].params, self.compression, self.op, self.predivide,
+            self.sparse_as_dense, self.process_set,
+            lambda position, sparse_dim: self._sparse(index, position, sparse_dim))
 
     # --- step() ----------------------------------------------------------------------------
     def wait(self) -> None:
@@ -281,8 +266,8 @@ class GradientReduction:
                 bucket.scatter(self.sparse[index])
                 if bucket.vote:
                     host_vote.carried(bucket.vote_slot())
-            else:
-                self._finish_compressed(index)
+            elif (compressed := self.compressed[index]) is not None:  # None: all sparse
+                compressed.finish(self.compression)
             self._record(index, waited)
             for position, sparse_dim in self.densified[index].items():
                 bucket.sparse_grad(position, sparse_dim)
@@ -292,17 +277,6 @@ class GradientReduction:
                 p.grad = handles.synchronize(sparse_allreduce_async(
                     p.grad, op=self.op, process_set=self.process_set))
         self.forget()
-
-    def _finish_compressed(self, index: int) -> None:
-        pending = self.pending[index]
-        if pending is None:  # nothing dense to reduce
-            return
-        reduced = pending.wait()
-        grads, contexts = self.compressed[index]
-        for grad, out, context in zip(grads, reduced, contexts, strict=True):
-            restored = self.compression.decompress(out, context)
-            if restored.data_ptr() != grad.data_ptr():
-                grad.copy_(restored)
 
     def _record(self, index: int, waited: float) -> None:
         """One "fusion" event per bucket: its launch to its completion (timeline on)."""
