@@ -3,8 +3,9 @@
 spellings (dashes and underscores, `=` or a space, any unambiguous prefix: abbrev.py), its
 default from PET_<NAME> as torchrun's own (Kubeflow's PyTorchJob sets them), then SCRIPT
 [ARGS] without `python`.
-What elasticrun does with each: docs/migrating/torchrun.md. The values: torchrun_args.py;
-what runs on this node: torchrun_plan.py and torchrun_launch.py.
+What elasticrun does with each: docs/migrating/torchrun.md. The values: torchrun_args.py
+(its rendezvous's: torchrun_rendezvous.py); what runs on this node: torchrun_plan.py and
+torchrun_launch.py.
 """
 
 from __future__ import annotations
