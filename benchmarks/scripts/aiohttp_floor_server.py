@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import resource
 import sys
-import time
 
 from aiohttp import web
+from kit import raise_open_files_limit, report_cpu_per_line
 
 from elasticrun import protocol
 from elasticrun.driver.server.app import LISTEN_BACKLOG
@@ -54,16 +53,10 @@ async def serve(workers: int) -> None:
     site = web.TCPSite(runner, "127.0.0.1", 0, backlog=LISTEN_BACKLOG)
     await site.start()
     print(runner.addresses[0][1], flush=True)
-    loop = asyncio.get_running_loop()
-    mark = time.process_time()
-    while await loop.run_in_executor(None, sys.stdin.readline):
-        now = time.process_time()
-        print(now - mark, flush=True)
-        mark = now
+    await report_cpu_per_line()
     await runner.cleanup()
 
 
 if __name__ == "__main__":
-    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    raise_open_files_limit()
     asyncio.run(serve(int(sys.argv[1])))

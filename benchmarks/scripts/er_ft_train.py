@@ -11,25 +11,22 @@ from __future__ import annotations
 import time
 
 STARTED = time.time()
+# ruff: noqa: E402  (the imports come after STARTED: a benchmark times them)
 
-import os  # noqa: E402
+import kit
+import torch.nn.functional as F
+from failure import FAIL_RANK, FAIL_STEP, fail
+from kit import emit
+from model import STEPS, batch, elastic_setup
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from failure import FAIL_RANK, FAIL_STEP, fail  # noqa: E402
-from model import STEPS, batch, build_model, emit, parameter_count  # noqa: E402
+import elasticrun.torch as er
 
-import elasticrun.torch as er  # noqa: E402
-
-COMMIT_EVERY = int(os.environ.get("BENCH_COMMIT_EVERY", "10"))
+COMMIT_EVERY = kit.env_int("BENCH_COMMIT_EVERY", 10)
 
 
 def main() -> None:
     emit("started", at=STARTED)
-    model = build_model()
-    optimizer = er.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
-                                        named_parameters=model.named_parameters())
-    state = er.elastic.TorchState(model, optimizer, step=0)
+    model, optimizer, state = elastic_setup(er.elastic.TorchState)
     emit("imported")
     er.init()
 
@@ -46,7 +43,7 @@ def main() -> None:
                 loss.backward()
                 optimizer.step()
                 state.step += 1
-                if state.step % COMMIT_EVERY == 0:
+                if kit.due(state.step, COMMIT_EVERY):
                     state.commit()
             except er.elastic.HostsUpdatedInterrupt:
                 raise
@@ -56,7 +53,7 @@ def main() -> None:
             emit("step", rank=er.rank(), size=er.size(), step=state.step)
 
     train(state)
-    emit("done", rank=er.rank(), params=parameter_count(model))
+    emit("done", rank=er.rank(), params=kit.parameter_count(model))
     er.shutdown()
 
 

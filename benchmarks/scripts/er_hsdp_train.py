@@ -3,7 +3,7 @@ either elastic HSDP (BENCH_MODE=hsdp: FSDP2 on er.shard_mesh(), er.replicate, a 
 or today's data-parallel path (BENCH_MODE=ddp: the whole model on every rank,
 er.DistributedOptimizer over AdamW); a TorchState committed every BENCH_COMMIT_EVERY steps.
 
-Env (besides hsdp_model.py's): BENCH_STEPS, BENCH_COMMIT_EVERY, BENCH_KILL_STEP /
+Env (besides hsdp_model.py's and kit.py's): BENCH_COMMIT_EVERY, BENCH_KILL_STEP /
 BENCH_KILL_RANK (that rank SIGKILLs itself at the start of that step, in the first round),
 BENCH_AWAIT_SIZE=N and BENCH_STEPS_AFTER (after a shrink the survivors train 2 steps, then
 wait, at most 120 s, for the world to be N again: a returning group; the job ends
@@ -19,31 +19,20 @@ from __future__ import annotations
 import time
 
 STARTED = time.time()
+# ruff: noqa: E402  (the imports come after STARTED: a benchmark times them)
 
-import os  # noqa: E402
-import signal  # noqa: E402
+import kit
+import torch
+from hsdp_model import STEPS, build_model, local_bytes, shard, train_step
+from kit import emit
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from hsdp_model import (  # noqa: E402
-    batch,
-    build_model,
-    emit,
-    local_bytes,
-    parameter_count,
-    shard,
-)
+import elasticrun.torch as er
+from elasticrun.torch.world import runtime
 
-import elasticrun.torch as er  # noqa: E402
-from elasticrun.torch.world import runtime  # noqa: E402
-
-MODE = os.environ.get("BENCH_MODE", "hsdp")
-STEPS = int(os.environ.get("BENCH_STEPS", "40"))
-COMMIT_EVERY = int(os.environ.get("BENCH_COMMIT_EVERY", "10"))
-KILL_STEP = int(os.environ.get("BENCH_KILL_STEP", "-1"))
-KILL_RANK = int(os.environ.get("BENCH_KILL_RANK", "-1"))
-AWAIT_SIZE = int(os.environ.get("BENCH_AWAIT_SIZE", "0"))
-STEPS_AFTER = int(os.environ.get("BENCH_STEPS_AFTER", "3"))
+MODE = kit.env_str("BENCH_MODE", "hsdp")
+COMMIT_EVERY = kit.env_int("BENCH_COMMIT_EVERY", 10)
+AWAIT_SIZE = kit.env_int("BENCH_AWAIT_SIZE", 0)
+STEPS_AFTER = kit.env_int("BENCH_STEPS_AFTER", 3)
 AWAIT_S = 120.0
 
 
@@ -55,23 +44,20 @@ class TimedState(er.elastic.TorchState):
     _save_s = 0.0
 
     def sync(self) -> None:
-        started = time.perf_counter()
-        super().sync()
+        sync_s = kit.timed(super().sync)
         emit("synced", rank=er.rank(), size=er.size(), round=runtime.current().round,
-             step=self.step, sync_s=time.perf_counter() - started, first=self._first_sync)
+             step=self.step, sync_s=sync_s, first=self._first_sync)
         self._first_sync = False
 
     def save(self) -> None:
-        started = time.perf_counter()
-        super().save()
-        self._save_s = time.perf_counter() - started
+        self._save_s = kit.timed(super().save)
 
 
 def main() -> None:
     emit("started", at=STARTED)
     er.init()
     model = build_model()
-    params = parameter_count(model)
+    params = kit.parameter_count(model)
     optimizer: torch.optim.Optimizer
     if MODE == "hsdp":
         shard(model, er.shard_mesh())
@@ -100,20 +86,14 @@ def main() -> None:
         while state.step < end["step"]:
             if AWAIT_SIZE and shrunk_at is not None and state.step >= shrunk_at + 2:
                 wait_for_return()
-            if state.step == KILL_STEP and er.rank() == KILL_RANK \
+            if state.step == kit.KILL_STEP and er.rank() == kit.KILL_RANK \
                     and runtime.current().round == 1:
-                emit("kill", rank=er.rank(), step=state.step)
-                os.kill(os.getpid(), signal.SIGKILL)
-            tokens, target = batch(er.rank(), state.step)
-            F.cross_entropy(model(tokens), target).backward()
-            optimizer.step()
-            optimizer.zero_grad()
+                kit.signal_self("kill", rank=er.rank(), step=state.step)
+            train_step(model, optimizer, er.rank(), state.step)
             state.step += 1
             commit_s = save_s = 0.0
-            if COMMIT_EVERY and state.step % COMMIT_EVERY == 0:
-                started = time.perf_counter()
-                state.commit()
-                commit_s, save_s = time.perf_counter() - started, state._save_s
+            if kit.due(state.step, COMMIT_EVERY):
+                commit_s, save_s = kit.timed(state.commit), state._save_s
                 if state.step == COMMIT_EVERY and runtime.current().round == 1:
                     emit("sizes", rank=er.rank(), params=params,
                          model_bytes=local_bytes(model.state_dict()),

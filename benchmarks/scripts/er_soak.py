@@ -2,8 +2,8 @@
 model and loop, committing every step, until told to stop. The benchmark SIGKILLs or
 SIGSTOPs one of its processes at any moment, many times over.
 
-Env (besides model.py's BENCH_PARAMS, BENCH_OUT and BENCH_DEVICE_S): BENCH_STOP_FILE (when
-it exists at a check, every STOP_EVERY steps, every rank stops there: rank 0 looks, and
+Env (besides model.py's BENCH_PARAMS, BENCH_DEVICE_S and kit.py's BENCH_OUT): BENCH_STOP_FILE
+(when it exists at a check, every STOP_EVERY steps, every rank stops there: rank 0 looks, and
 tells the others).
 Events, each with the worker's host (ELASTICRUN_HOSTNAME) and, once it has one, its rank,
 world size and round: "started", "joined" (its first round's group built; with the join's
@@ -16,29 +16,17 @@ from __future__ import annotations
 import time
 
 STARTED = time.time()
+# ruff: noqa: E402  (the imports come after STARTED: a benchmark times them)
 
-import os  # noqa: E402
+import kit
+from kit import emit
+from model import batch, device_time, elastic_setup, train_step
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from model import batch, build_model, device_time, emit, parameter_count  # noqa: E402
+import elasticrun.torch as er
+from elasticrun.torch.world import runtime
 
-import elasticrun.torch as er  # noqa: E402
-from elasticrun.torch.world import runtime  # noqa: E402
-
-STOP_FILE = os.environ["BENCH_STOP_FILE"]
+STOP_FILE = kit.env_path("BENCH_STOP_FILE")
 STOP_EVERY = 10  # steps between stop checks: a broadcast, kept out of most steps
-HOST = os.environ.get("ELASTICRUN_HOSTNAME", "")
-
-
-def note(event: str, **fields: object) -> None:
-    emit(event, host=HOST, **fields)
-
-
-def note_join(event: str, **fields: object) -> None:
-    timing = runtime.current().last_join
-    note(event, rank=er.rank(), size=er.size(), round=runtime.current().round,
-         asked=timing.asked, assigned=timing.assigned, built=timing.built, **fields)
 
 
 class SoakState(er.elastic.TorchState):
@@ -46,44 +34,39 @@ class SoakState(er.elastic.TorchState):
 
 
 def main() -> None:
-    note("started", at=STARTED)
+    emit("started", at=STARTED)
     # Everything slow before joining: a worker joining a running job holds up the others
     # from its join until its state is synced.
-    model = build_model()
-    optimizer = er.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
-                                        named_parameters=model.named_parameters())
-    state = SoakState(model, optimizer, step=0)
+    model, optimizer, state = elastic_setup(SoakState)
     er.init()
-    note_join("joined", params=parameter_count(model))
-    state.register_reset_callbacks([lambda: note_join("reset")])
+    kit.emit_join("joined", params=kit.parameter_count(model))
+    state.register_reset_callbacks([lambda: kit.emit_join("reset")])
 
     @er.elastic.run
     def train(state: SoakState) -> None:
         data, target = batch(er.rank())
-        note("synced", rank=er.rank(), size=er.size(), round=runtime.current().round,
+        emit("synced", rank=er.rank(), size=er.size(), round=runtime.current().round,
              step=state.step)
         while True:
             try:
                 device_time()
-                optimizer.zero_grad()
-                F.cross_entropy(model(data), target).backward()
-                optimizer.step()
+                train_step(model, optimizer, data, target)
                 state.step += 1
                 state.commit()
                 stop = state.step % STOP_EVERY == 0 and \
-                    er.broadcast_object(os.path.exists(STOP_FILE), root_rank=0)
+                    er.broadcast_object(STOP_FILE.exists(), root_rank=0)
             except er.elastic.HostsUpdatedInterrupt:
                 raise
             except Exception:
-                note("failure", rank=er.rank(), round=runtime.current().round)
+                emit("failure", rank=er.rank(), round=runtime.current().round)
                 raise
-            note("step", rank=er.rank(), size=er.size(), round=runtime.current().round,
+            emit("step", rank=er.rank(), size=er.size(), round=runtime.current().round,
                  step=state.step)
             if stop:
                 return
 
     train(state)
-    note("done", rank=er.rank())
+    emit("done", rank=er.rank())
     er.shutdown()
 
 

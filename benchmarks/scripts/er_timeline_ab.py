@@ -8,23 +8,18 @@ Events: "step" (rank, step, timeline: whether it was recording).
 
 from __future__ import annotations
 
-import os
-
-import torch
-import torch.nn.functional as F
-from model import STEPS, batch, build_model, emit
+import kit
+from kit import emit
+from model import STEPS, batch, elastic_setup, train_step
 
 import elasticrun.torch as er
 
-BLOCK = int(os.environ.get("BENCH_BLOCK", "100"))
-TRACE = os.environ["BENCH_TRACE"]
+BLOCK = kit.env_int("BENCH_BLOCK", 100)
+TRACE = kit.env_str("BENCH_TRACE")
 
 
 def main() -> None:
-    model = build_model()
-    optimizer = er.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
-                                        named_parameters=model.named_parameters())
-    state = er.elastic.TorchState(model, optimizer, step=0)
+    model, optimizer, state = elastic_setup(er.elastic.TorchState)
     er.init()
     data, target = batch(er.rank())
 
@@ -37,9 +32,7 @@ def main() -> None:
                     er.start_timeline(TRACE)
                 else:
                     er.stop_timeline()
-            optimizer.zero_grad()
-            F.cross_entropy(model(data), target).backward()
-            optimizer.step()
+            train_step(model, optimizer, data, target)
             state.step += 1
             state.commit()
             emit("step", rank=er.rank(), step=state.step, timeline=recording)

@@ -10,16 +10,15 @@ from __future__ import annotations
 import os
 import signal
 
-from model import emit
+from kit import env_int, signal_self
 
 FAILURE = os.environ.get("BENCH_FAILURE", "kill")
-FAIL_STEP = int(os.environ.get("BENCH_FAIL_STEP", "-1"))
-FAIL_RANK = int(os.environ.get("BENCH_FAIL_RANK", "-1"))
+FAIL_STEP = env_int("BENCH_FAIL_STEP", -1)
+FAIL_RANK = env_int("BENCH_FAIL_RANK", -1)
 SIGNALS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}
 
 
 def fail(rank: int, step: int) -> None:
     """Emits the failure's event (its time is the failure's time) and delivers it to this
     process; a stopped process stays stopped until the benchmark kills it."""
-    emit(FAILURE, rank=rank, step=step)
-    os.kill(os.getpid(), SIGNALS[FAILURE])
+    signal_self(FAILURE, SIGNALS[FAILURE], rank=rank, step=step)

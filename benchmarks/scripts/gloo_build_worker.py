@@ -15,8 +15,8 @@ fresh key prefix under the current round (the driver only lets a round's members
 keys). A group is dropped when the next is built, after the barrier: every rank is done
 with it by then.
 
-Env: BENCH_TRIALS (trials per store, the first of which is a warm-up), BENCH_OUT (JSON
-lines file). Each rank writes one line per build: time, store, trial, rank, seconds, and
+Env: BENCH_TRIALS (trials per store, the first of which is a warm-up), kit.py's BENCH_OUT
+(JSON lines file). Each rank writes one line per build: time, store, trial, rank, seconds, and
 `requests`, the driver-store requests it made by operation (empty for the TCPStore).
 """
 
@@ -25,27 +25,18 @@ from __future__ import annotations
 import collections
 import contextlib
 import datetime
-import json
-import os
-import socket
 import time
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from kit import append_json, env_int, free_port
 
 import elasticrun.torch as er
 from elasticrun import protocol
 from elasticrun.torch.world import runtime
 
-TRIALS = int(os.environ.get("BENCH_TRIALS", "3"))
-OUT = os.environ.get("BENCH_OUT", "/dev/null")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+TRIALS = env_int("BENCH_TRIALS", 3)
 
 
 def count_requests(client: Any) -> collections.Counter[str]:
@@ -77,25 +68,22 @@ def main() -> None:
     stores: dict[str, dist.Store] = {"driver": rt.store, "tcp": tcp_store}
     prefix = protocol.round_prefix(rt.round) + "bench/"
 
-    with open(OUT, "a") as out:
-        for trial in range(TRIALS):
-            order = ["driver", "tcp"] if trial % 2 == 0 else ["tcp", "driver"]
-            for name in order:
-                dist.barrier()  # after it, the last group (dropped below) is unused
-                counts.clear()
-                start = time.perf_counter()
-                # as a round's session does: the driver's store fetches every address at once
-                mesh = rt.store.full_mesh(size) if name == "driver" else contextlib.nullcontext()
-                with mesh:
-                    group: Any = dist.ProcessGroupGloo(  # torch's stubs lack its allreduce
-                        dist.PrefixStore(f"{prefix}{name}/{trial}/", stores[name]),
-                        rank, size, timeout)
-                group.allreduce([torch.ones(4)]).wait()
-                seconds = time.perf_counter() - start
-                record = {"time": time.time(), "store": name, "trial": trial, "rank": rank,
-                          "size": size, "seconds": seconds, "requests": dict(counts)}
-                out.write(json.dumps(record) + "\n")
-                out.flush()
+    for trial in range(TRIALS):
+        order = ["driver", "tcp"] if trial % 2 == 0 else ["tcp", "driver"]
+        for name in order:
+            dist.barrier()  # after it, the last group (dropped below) is unused
+            counts.clear()
+            start = time.perf_counter()
+            # as a round's session does: the driver's store fetches every address at once
+            mesh = rt.store.full_mesh(size) if name == "driver" else contextlib.nullcontext()
+            with mesh:
+                group: Any = dist.ProcessGroupGloo(  # torch's stubs lack its allreduce
+                    dist.PrefixStore(f"{prefix}{name}/{trial}/", stores[name]),
+                    rank, size, timeout)
+            group.allreduce([torch.ones(4)]).wait()
+            seconds = time.perf_counter() - start
+            append_json({"time": time.time(), "store": name, "trial": trial, "rank": rank,
+                         "size": size, "seconds": seconds, "requests": dict(counts)})
     dist.barrier()
     del group
     er.shutdown()

@@ -1,18 +1,19 @@
 """What the HSDP benchmark's scripts share: a small transformer LM sized by name, each rank's
-batch of synthetic tokens, FSDP2 sharding on a given mesh and the timestamped event log.
+batch of synthetic tokens, FSDP2 sharding on a given mesh and the settings (kit.py has what
+every script shares).
 
-Env: BENCH_SIZE (a key of SIZES), BENCH_OUT (JSON lines of events), BENCH_BATCH (sequences
-per rank and step).
+Env: BENCH_SIZE (a key of SIZES), BENCH_BATCH (sequences per rank and step), BENCH_STEPS
+(steps to train).
 """
 
 from __future__ import annotations
 
-import json
 import os
-import time
 from typing import Any
 
 import torch
+import torch.nn.functional as F
+from kit import env_int
 from torch import nn
 
 # name -> (hidden, blocks): embedding + blocks of attention and MLP (12 hidden^2 each) + head
@@ -21,15 +22,8 @@ VOCAB = 512
 SEQ = 32
 HEADS = 4
 SIZE = os.environ.get("BENCH_SIZE", "1M")
-OUT = os.environ.get("BENCH_OUT", "/dev/null")
-BATCH = int(os.environ.get("BENCH_BATCH", "8"))
-
-
-def emit(event: str, **fields: object) -> None:
-    with open(OUT, "a") as file:
-        file.write(json.dumps({"event": event, "time": time.time(), "pid": os.getpid(),
-                               "host": os.environ.get("ELASTICRUN_HOSTNAME", ""),
-                               **fields}) + "\n")
+BATCH = env_int("BENCH_BATCH", 8)
+STEPS = env_int("BENCH_STEPS", 40)
 
 
 class Block(nn.Module):
@@ -84,8 +78,13 @@ def batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return tokens[:, :-1], tokens[:, 1:].flatten()
 
 
-def parameter_count(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
+def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, rank: int,
+               step: int) -> None:
+    """Step `step` of rank `rank` (the gradients zeroed after it)."""
+    tokens, target = batch(rank, step)
+    F.cross_entropy(model(tokens), target).backward()
+    optimizer.step()
+    optimizer.zero_grad()
 
 
 def local_bytes(tensors: Any) -> int:

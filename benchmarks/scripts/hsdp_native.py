@@ -2,7 +2,7 @@
 and batches as er_hsdp_train.py; a (replicate, shard) DeviceMesh of gloo groups, every block
 and the root fully_shard'ed on it, AdamW.
 
-Env (besides hsdp_model.py's): BENCH_STEPS, BENCH_SHARD_SIZE (ranks per replica group).
+Env (besides hsdp_model.py's and kit.py's): BENCH_SHARD_SIZE (ranks per replica group).
 Events: "started", "synced" (mesh and model built), "step" (rank 0 only), "done".
 """
 
@@ -11,18 +11,16 @@ from __future__ import annotations
 import time
 
 STARTED = time.time()
+# ruff: noqa: E402  (the imports come after STARTED: a benchmark times them)
 
-import gc  # noqa: E402
-import os  # noqa: E402
+import kit
+import torch
+import torch.distributed as dist
+from hsdp_model import STEPS, build_model, shard, train_step
+from kit import emit
+from torch.distributed.device_mesh import init_device_mesh
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from hsdp_model import batch, build_model, emit, parameter_count, shard  # noqa: E402
-from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
-
-STEPS = int(os.environ.get("BENCH_STEPS", "40"))
-SHARD_SIZE = int(os.environ.get("BENCH_SHARD_SIZE", "2"))
+SHARD_SIZE = kit.env_int("BENCH_SHARD_SIZE", 2)
 
 
 def main() -> None:
@@ -32,22 +30,17 @@ def main() -> None:
     mesh = init_device_mesh("cpu", (size // SHARD_SIZE, SHARD_SIZE),
                             mesh_dim_names=("replicate", "shard"))
     model = build_model()
-    params = parameter_count(model)
+    params = kit.parameter_count(model)
     shard(model, mesh)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     emit("synced", rank=rank, size=size)
     for step in range(STEPS):
-        tokens, target = batch(rank, step)
-        F.cross_entropy(model(tokens), target).backward()
-        optimizer.step()
-        optimizer.zero_grad()
+        train_step(model, optimizer, rank, step)
         if rank == 0:
             emit("step", rank=rank, size=size, step=step + 1)
     emit("done", rank=rank, params=params)
-    # torch 2.13's Gloo threads can abort a process at interpreter exit without this.
     del model, optimizer
-    gc.collect()
-    dist.destroy_process_group()
+    kit.close_process_group()
 
 
 if __name__ == "__main__":

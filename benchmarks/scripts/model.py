@@ -1,61 +1,87 @@
-"""What both training scripts share: the model, the batch, the timestamped event log and
-the settings.
+"""What the MLP training scripts share: the model, its batch and training step, its
+optimizers and the settings (kit.py has what every script shares).
 
-Env: BENCH_PARAMS (approximate parameter count), BENCH_OUT (JSON-lines file of events),
-BENCH_STEPS (stop after this step), BENCH_KILL_STEP / BENCH_KILL_RANK (that rank SIGKILLs
-itself at that step, once), BENCH_TARGET_SIZE / BENCH_STEPS_AT_TARGET (scale-up: stop
-after that many steps at that world size), BENCH_DEVICE (cpu, or cuda: every worker on
-the current GPU), BENCH_NCCL_HOST_PER_WORKER=1 (each worker its own NCCL host identity, so
-that several ranks can share one GPU over NCCL's sockets), BENCH_PROFILE (rank 0 writes
-torch profiler's tables of steps PROFILE_STEPS to this file, and their trace, for
-chrome://tracing or Perfetto, beside it with ".trace.json" added), BENCH_DEVICE_S (see
-device_time; default 0), BENCH_SLOW_DIR (device_time: a file slow-<host>-<local rank>
-there makes that slot's device time that many times longer: a throttled GPU).
+Env: BENCH_PARAMS (approximate parameter count), BENCH_STEPS (stop after this step),
+BENCH_TARGET_SIZE / BENCH_STEPS_AT_TARGET (scale-up: stop after that many steps at that world
+size), BENCH_DEVICE (cpu, or cuda: every worker on the current GPU),
+BENCH_NCCL_HOST_PER_WORKER=1 (each worker its own NCCL host identity, so that several ranks
+can share one GPU over NCCL's sockets), BENCH_PROFILE (rank 0 writes torch profiler's tables
+of steps PROFILE_STEPS to this file, and their trace, for chrome://tracing or Perfetto,
+beside it with ".trace.json" added), BENCH_DEVICE_S (see device_time; default 0),
+BENCH_SLOW_DIR (device_time: a file slow-<host>-<local rank> there makes that slot's device
+time that many times longer: a throttled GPU).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
+import torch.nn.functional as F
+from kit import env_float, env_int, env_str, host
 
-PARAMS = int(float(os.environ.get("BENCH_PARAMS", "1e6")))
-OUT = os.environ.get("BENCH_OUT", "/dev/null")
-STEPS = int(os.environ.get("BENCH_STEPS", "60"))
-KILL_STEP = int(os.environ.get("BENCH_KILL_STEP", "-1"))
-KILL_RANK = int(os.environ.get("BENCH_KILL_RANK", "-1"))
-TARGET_SIZE = int(os.environ.get("BENCH_TARGET_SIZE", "0"))
-STEPS_AT_TARGET = int(os.environ.get("BENCH_STEPS_AT_TARGET", "5"))
-DEVICE = torch.device(os.environ.get("BENCH_DEVICE", "cpu"))
+if TYPE_CHECKING:
+    from elasticrun.torch.elastic import TorchState
+
+StateT = TypeVar("StateT", bound="TorchState")
+
+PARAMS = int(env_float("BENCH_PARAMS", 1e6))
+STEPS = env_int("BENCH_STEPS", 60)
+TARGET_SIZE = env_int("BENCH_TARGET_SIZE", 0)
+STEPS_AT_TARGET = env_int("BENCH_STEPS_AT_TARGET", 5)
+DEVICE = torch.device(env_str("BENCH_DEVICE", "cpu"))
 if os.environ.get("BENCH_NCCL_HOST_PER_WORKER") == "1":
     os.environ["NCCL_HOSTID"] = f"elasticrun-bench-{os.getpid()}"
-DEVICE_S = float(os.environ.get("BENCH_DEVICE_S", "0"))
-SLOW_DIR = os.environ.get("BENCH_SLOW_DIR", "")
-PROFILE = os.environ.get("BENCH_PROFILE", "")
+DEVICE_S = env_float("BENCH_DEVICE_S", 0.0)
+SLOW_DIR = env_str("BENCH_SLOW_DIR", "")
+PROFILE = env_str("BENCH_PROFILE", "")
 PROFILE_STEPS = (30, 50)
 BATCH = 32
 IN_FEATURES = 64
 CLASSES = 10
 
 
-def emit(event: str, **fields: object) -> None:
-    with open(OUT, "a") as file:
-        file.write(json.dumps({"event": event, "time": time.time(), "pid": os.getpid(),
-                               "host": os.environ.get("ELASTICRUN_HOSTNAME", ""),
-                               **fields}) + "\n")
+def mlp(params: float, in_features: int = IN_FEATURES) -> torch.nn.Module:
+    """An MLP whose one width x width layer holds nearly all of `params` parameters."""
+    width = max(8, int(math.sqrt(params)))
+    return torch.nn.Sequential(torch.nn.Linear(in_features, width), torch.nn.ReLU(),
+                               torch.nn.Linear(width, width), torch.nn.ReLU(),
+                               torch.nn.Linear(width, CLASSES))
 
 
 def build_model() -> torch.nn.Module:
-    """An MLP whose one width x width layer holds nearly all of PARAMS parameters."""
+    """The MLP of PARAMS parameters on DEVICE, the same on every rank."""
     torch.manual_seed(0)
-    width = max(8, int(math.sqrt(PARAMS)))
-    return torch.nn.Sequential(torch.nn.Linear(IN_FEATURES, width), torch.nn.ReLU(),
-                               torch.nn.Linear(width, width), torch.nn.ReLU(),
-                               torch.nn.Linear(width, CLASSES)).to(DEVICE)
+    return mlp(PARAMS).to(DEVICE)
+
+
+def distributed_sgd(model: torch.nn.Module, momentum: float = 0.0) -> torch.optim.Optimizer:
+    """The scripts' SGD through elasticrun's DistributedOptimizer."""
+    import elasticrun.torch as er
+
+    return er.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01,
+                                                   momentum=momentum),
+                                   named_parameters=model.named_parameters())
+
+
+def elastic_setup(state_type: type[StateT], momentum: float = 0.0
+                  ) -> tuple[torch.nn.Module, torch.optim.Optimizer, StateT]:
+    """What an elastic script builds before er.init(): the model, distributed_sgd over it and
+    a `state_type` (a TorchState) of both at step 0."""
+    model = build_model()
+    optimizer = distributed_sgd(model, momentum)
+    return model, optimizer, state_type(model, optimizer, step=0)
+
+
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: torch.Tensor,
+               target: torch.Tensor) -> None:
+    optimizer.zero_grad()
+    F.cross_entropy(model(data), target).backward()
+    optimizer.step()
 
 
 def device_time() -> None:
@@ -72,22 +98,18 @@ def slowness() -> float:
     it."""
     if not SLOW_DIR:
         return 1.0
-    host = os.environ.get("ELASTICRUN_HOSTNAME") or os.environ.get("BENCH_HOST", "")
     try:
-        return float(Path(SLOW_DIR, f"slow-{host}-{os.environ.get('LOCAL_RANK', '0')}")
+        return float(Path(SLOW_DIR, f"slow-{host()}-{os.environ.get('LOCAL_RANK', '0')}")
                      .read_text())
     except (OSError, ValueError):
         return 1.0
 
 
-def batch(rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    generator = torch.Generator().manual_seed(rank)
+def batch(rank: int, step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank `rank`'s inputs and classes (for step `step`, where each step has its own)."""
+    generator = torch.Generator().manual_seed(1000 * step + rank)
     return (torch.randn(BATCH, IN_FEATURES, generator=generator).to(DEVICE),
             torch.randint(0, CLASSES, (BATCH,), generator=generator).to(DEVICE))
-
-
-def parameter_count(model: torch.nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
 
 
 class StepProfile:

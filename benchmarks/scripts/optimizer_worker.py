@@ -1,7 +1,7 @@
 """Training steps of many-layer models, timed: elasticrun's DistributedOptimizer variants
 under elasticrun, or plain DDP under torchrun (BENCH_VARIANTS=ddp).
 
-Env: BENCH_OUT (JSON-lines file of events), BENCH_SPEC (JSON: per model its sizes, see
+Env: kit.py's BENCH_OUT (JSON-lines file of events), BENCH_SPEC (JSON: per model its sizes, see
 `build_model`; "warmup" and "steps" per variant, and "round_steps": the variants take
 turns, that many steps each), BENCH_VARIANTS (comma-separated: "hooks"
 DistributedOptimizer(overlap=True), "nohooks" (overlap=False), "fp16" (Compression.fp16,
@@ -30,13 +30,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from kit import append_json, close_process_group, parameter_count
+from model import mlp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import elasticrun.torch as er
 from elasticrun.torch.collectives import shared_sum
 
-OUT = os.environ.get("BENCH_OUT", "/dev/null")
 SPEC: dict[str, Any] = json.loads(os.environ.get("BENCH_SPEC", "{}"))
 VARIANTS = os.environ.get("BENCH_VARIANTS", "hooks,nohooks,fp16").split(",")
 MODELS = ("transformer", "convnet", "mlp")
@@ -47,8 +48,7 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 
 
 def emit(event: str, **fields: object) -> None:
-    with open(OUT, "a") as file:
-        file.write(json.dumps({"event": event, "time": time.time(), **fields}) + "\n")
+    append_json({"event": event, "time": time.time(), **fields})  # no pid or host
 
 
 class TokenClassifier(nn.Module):
@@ -78,19 +78,12 @@ def conv_net(widths: list[int]) -> nn.Module:
                          nn.Linear(previous, CLASSES))
 
 
-def mlp(params: float, in_features: int) -> nn.Module:
-    """overhead's model: one width x width layer holds nearly all the parameters."""
-    width = max(8, int(params ** 0.5))
-    return nn.Sequential(nn.Linear(in_features, width), nn.ReLU(), nn.Linear(width, width),
-                         nn.ReLU(), nn.Linear(width, CLASSES))
-
-
 def build_model(name: str, spec: dict[str, Any]) -> nn.Module:
     torch.manual_seed(0)
     if name == "transformer":
         return TokenClassifier(spec["layers"], spec["d_model"], spec["heads"])
     if name == "mlp":
-        return mlp(spec["params"], spec["in_features"])
+        return mlp(spec["params"], spec["in_features"])  # overhead's model
     return conv_net(spec["widths"])
 
 
@@ -147,7 +140,7 @@ class Trainer:
 def make_trainer(name: str, variant: str, rank: int) -> Trainer:
     spec = SPEC[name]
     model = build_model(name, spec)
-    params = sum(p.numel() for p in model.parameters())
+    params = parameter_count(model)
     batch = make_batch(name, spec, rank)
     if variant in ("ddp", "ddp_here"):
         group = er.process_group_for("cpu") if variant == "ddp_here" else None
@@ -234,11 +227,7 @@ def main_ddp() -> None:
     run_all(rank, dist.get_world_size(), dist.barrier)
     if rank == 0:
         emit("done")
-    # Without this, torch 2.13's Gloo threads can abort the process at interpreter exit,
-    # which torchrun takes for a failure (as in torchrun_train.py).
-    gc.collect()
-    dist.destroy_process_group()
-    gc.collect()
+    close_process_group()
 
 
 if __name__ == "__main__":

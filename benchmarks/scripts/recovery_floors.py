@@ -17,25 +17,14 @@ import datetime
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import time
 
+from kit import anonymous_mb, free_port
+
 TIMEOUT = datetime.timedelta(seconds=30)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _anonymous_mb() -> int:
-    with open("/proc/self/status") as status:
-        line = next((line for line in status if line.startswith("RssAnon:")), "RssAnon: 0 kB")
-    return int(line.split()[1]) // 1024
 
 
 def _role(rank: int, port: int, megabytes: int) -> None:
@@ -48,7 +37,7 @@ def _role(rank: int, port: int, megabytes: int) -> None:
     group.allreduce([torch.ones(4)]).wait()
     build_s = time.perf_counter() - start
     if rank == 1:  # up to `megabytes` of anonymous memory in all, like the killed worker
-        ballast = torch.ones(max(0, megabytes - _anonymous_mb()) * 262144)  # noqa: F841
+        ballast = torch.ones(max(0, megabytes - anonymous_mb()) * 262144)  # noqa: F841
         print("ready", flush=True)
         time.sleep(600)
         return
@@ -61,7 +50,7 @@ def _role(rank: int, port: int, megabytes: int) -> None:
 
 
 def _trial(megabytes: int) -> dict[str, float]:
-    port = _free_port()
+    port = free_port()
     procs = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), str(port),
                                str(megabytes)], stdout=subprocess.PIPE, text=True)
              for r in (0, 1)]

@@ -17,9 +17,10 @@ from __future__ import annotations
 import asyncio
 import cProfile
 import os
-import resource
 import sys
 import time
+
+from kit import raise_open_files_limit, report_cpu_per_line
 
 from elasticrun import protocol
 from elasticrun.driver.processes.records import new_worker_id
@@ -74,20 +75,14 @@ async def serve(workers: int, profile: cProfile.Profile | None) -> None:
     print(await executor.server.start("127.0.0.1"), flush=True)
     if profile is not None:
         profile.enable()
-    loop = asyncio.get_running_loop()
-    mark = time.process_time()
-    while await loop.run_in_executor(None, sys.stdin.readline):  # "" at EOF
-        now = time.process_time()
-        print(now - mark, flush=True)
-        mark = now
+    await report_cpu_per_line()
     if profile is not None:
         profile.disable()
     await executor.stop()
 
 
 def main() -> None:
-    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    raise_open_files_limit()
     profile_path = os.environ.get("BENCH_PROFILE")
     profile = cProfile.Profile(time.process_time) if profile_path else None
     asyncio.run(serve(int(sys.argv[1]), profile))

@@ -21,9 +21,10 @@ from __future__ import annotations
 import time
 
 STARTED = time.time()
+# ruff: noqa: E402  (the imports come after STARTED and the first line: a benchmark times them)
 
-import os  # noqa: E402
-import sys  # noqa: E402
+import os
+import sys
 
 RESTART = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
 HOLD_S = 120.0
@@ -43,16 +44,14 @@ def phase(name: str, at: float | None = None, **fields: object) -> None:
 
 say(f"phase start {STARTED:.6f} restart={RESTART} pid={os.getpid()} rank={RANK}")
 
-import argparse  # noqa: E402
-import math  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+from pathlib import Path
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from torch import nn  # noqa: E402
-from torch.nn.parallel import DistributedDataParallel  # noqa: E402
-
-IN_FEATURES, CLASSES, BATCH = 64, 10, 32
+import torch
+import torch.distributed as dist
+from kit import load_checkpoint, parameter_count, save_checkpoint
+from model import batch, mlp, train_step
+from torch.nn.parallel import DistributedDataParallel
 
 
 def parse_args() -> argparse.Namespace:
@@ -66,58 +65,28 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def build_model(params: float) -> nn.Module:
-    """An MLP whose middle width x width layer holds nearly all of the parameters."""
-    torch.manual_seed(0)
-    width = max(8, int(math.sqrt(params)))
-    return nn.Sequential(nn.Linear(IN_FEATURES, width), nn.ReLU(), nn.Linear(width, width),
-                         nn.ReLU(), nn.Linear(width, CLASSES))
-
-
-def save_atomically(state: dict[str, object], path: Path) -> None:
-    partial = path.with_name(f".{path.name}.partial")
-    with open(partial, "wb") as file:
-        torch.save(state, file)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(partial, path)
-
-
-def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    generator = torch.Generator().manual_seed(step * 1000 + rank)
-    return (torch.randn(BATCH, IN_FEATURES, generator=generator),
-            torch.randint(0, CLASSES, (BATCH,), generator=generator))
-
-
 def main() -> None:
     args = parse_args()
     phase("imports")
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     phase("init", world=dist.get_world_size())
-    model = build_model(args.params)
+    torch.manual_seed(0)
+    model = mlp(args.params)
     optimizer = (torch.optim.Adam(model.parameters(), lr=1e-4) if args.optimizer == "adam"
                  else torch.optim.SGD(model.parameters(), lr=0.01))
     ddp = DistributedDataParallel(model)  # broadcasts rank 0's parameters
-    phase("model", params=sum(p.numel() for p in model.parameters()))
+    phase("model", params=parameter_count(model))
     args.out.mkdir(parents=True, exist_ok=True)
     checkpoint = args.out / "checkpoint.pt"
-    step = 0
-    if checkpoint.exists():
-        saved = torch.load(checkpoint, map_location="cpu")
-        model.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
-        step = int(saved["step"])
+    step = load_checkpoint(checkpoint, model, optimizer, map_location="cpu")
     phase("checkpoint", step=step)
     while step < args.steps:
-        data, target = batch(step, rank)
-        optimizer.zero_grad()
-        nn.functional.cross_entropy(ddp(data), target).backward()
-        optimizer.step()
+        data, target = batch(rank, step)
+        train_step(ddp, optimizer, data, target)
         step += 1
         if rank == 0 and step % args.save_every == 0:
-            save_atomically({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                             "step": step}, checkpoint)
+            save_checkpoint(checkpoint, model, optimizer, step)
         if rank == 0:
             say(f"step {step} {time.time():.6f} restart={RESTART}")
         if rank == 1 and step == args.hold_after and RESTART == "0":

@@ -6,10 +6,11 @@ torchft.ProcessGroupGloo, FSDP's all-reduce hook averaging each reduce-scattered
 through `manager.allreduce` (an error refuses the step's commit), torchft.Optimizer over
 AdamW. Runs in the benchmark's side venv (torchft installed).
 
-Env (besides hsdp_model.py's): REPLICA_GROUP_ID, NUM_REPLICA_GROUPS, GROUP_RANK, GROUP_SIZE,
-GROUP_STORE_PORT (group rank 0 hosts the store there), TORCHFT_LIGHTHOUSE, BENCH_STEPS,
-BENCH_PG_TIMEOUT_S, BENCH_KILL_STEP / BENCH_KILL_RANK (the rank, global: group * GROUP_SIZE +
-group rank, that SIGKILLs itself once that step's quorum holds it, before its forward),
+Env (besides hsdp_model.py's and kit.py's): REPLICA_GROUP_ID, NUM_REPLICA_GROUPS,
+GROUP_RANK, GROUP_SIZE, GROUP_STORE_PORT (group rank 0 hosts the store there),
+TORCHFT_LIGHTHOUSE, BENCH_PG_TIMEOUT_S, BENCH_KILL_STEP / BENCH_KILL_RANK (the rank, global:
+group * GROUP_SIZE + group rank, that SIGKILLs itself once that step's quorum holds it, before
+its forward),
 BENCH_BARRIER_DIR (every rank waits there for the others before its first step, so that the
 first quorum holds all groups).
 Events: "started", "step" (committed), "failure" (a step whose commit was refused), "kill",
@@ -21,43 +22,29 @@ from __future__ import annotations
 import time
 
 STARTED = time.time()
+# ruff: noqa: E402  (the imports come after STARTED: a benchmark times them)
 
-import os  # noqa: E402
-import signal  # noqa: E402
-from datetime import timedelta  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
+from datetime import timedelta
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-import torchft  # noqa: E402
-from hsdp_model import batch, build_model, emit, parameter_count, shard  # noqa: E402
-from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
-from torch.distributed.fsdp import FSDPModule  # noqa: E402
+import kit
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+import torchft
+from hsdp_model import STEPS, batch, build_model, shard
+from kit import emit
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule
 
-GROUP = int(os.environ["REPLICA_GROUP_ID"])
-GROUPS = int(os.environ["NUM_REPLICA_GROUPS"])
-GROUP_RANK = int(os.environ["GROUP_RANK"])
-GROUP_SIZE = int(os.environ["GROUP_SIZE"])
-STORE_PORT = int(os.environ["GROUP_STORE_PORT"])
-STEPS = int(os.environ.get("BENCH_STEPS", "40"))
-PG_TIMEOUT = timedelta(seconds=float(os.environ.get("BENCH_PG_TIMEOUT_S", "5")))
+GROUP = kit.env_int("REPLICA_GROUP_ID")
+GROUPS = kit.env_int("NUM_REPLICA_GROUPS")
+GROUP_RANK = kit.env_int("GROUP_RANK")
+GROUP_SIZE = kit.env_int("GROUP_SIZE")
+STORE_PORT = kit.env_int("GROUP_STORE_PORT")
+PG_TIMEOUT = timedelta(seconds=kit.env_float("BENCH_PG_TIMEOUT_S", 5))
 MANAGER_TIMEOUT = timedelta(seconds=30)
-KILL_STEP = int(os.environ.get("BENCH_KILL_STEP", "-1"))
-KILL_RANK = int(os.environ.get("BENCH_KILL_RANK", "-1"))
-BARRIER = Path(os.environ["BENCH_BARRIER_DIR"])
-BARRIER_TIMEOUT_S = 120.0
+BARRIER = kit.env_path("BENCH_BARRIER_DIR")
 RANK = GROUP * GROUP_SIZE + GROUP_RANK
-
-
-def barrier() -> None:
-    (BARRIER / str(RANK)).touch()
-    deadline = time.monotonic() + BARRIER_TIMEOUT_S
-    while len(list(BARRIER.iterdir())) < GROUPS * GROUP_SIZE:
-        if time.monotonic() > deadline:
-            raise TimeoutError("not every rank started")
-        time.sleep(0.01)
 
 
 def main() -> None:
@@ -67,17 +54,10 @@ def main() -> None:
     dist.init_process_group("gloo", store=dist.PrefixStore("shard", store), rank=GROUP_RANK,
                             world_size=GROUP_SIZE)
     model = build_model()
-    params = parameter_count(model)
+    params = kit.parameter_count(model)
     shard(model, init_device_mesh("cpu", (GROUP_SIZE,)))
     adamw = torch.optim.AdamW(model.parameters(), lr=1e-3)
-
-    def load_state_dict(state: dict[str, Any]) -> None:
-        model.load_state_dict(state["model"])
-        adamw.load_state_dict(state["optim"])
-
-    def state_dict() -> dict[str, Any]:
-        return {"model": model.state_dict(), "optim": adamw.state_dict()}
-
+    load_state_dict, state_dict = kit.state_callbacks(model, adamw)
     manager = torchft.Manager(pg=torchft.ProcessGroupGloo(timeout=PG_TIMEOUT),
                               min_replica_size=1, load_state_dict=load_state_dict,
                               state_dict=state_dict, replica_id=f"hsdp_{GROUP}",
@@ -92,14 +72,13 @@ def main() -> None:
         if isinstance(module, FSDPModule):
             module.set_all_reduce_hook(average_across_groups)
     optimizer = torchft.Optimizer(manager, adamw)
-    barrier()
+    kit.file_barrier(BARRIER, str(RANK), GROUPS * GROUP_SIZE)  # the first quorum holds all
     while manager.current_step() < STEPS:
         step = manager.current_step()
         optimizer.zero_grad()  # starts this step's quorum
-        if step == KILL_STEP and RANK == KILL_RANK:
+        if step == kit.KILL_STEP and RANK == kit.KILL_RANK:
             manager.wait_quorum()  # as in elasticrun's job: the survivors meet it mid-step
-            emit("kill", rank=RANK, step=step)
-            os.kill(os.getpid(), signal.SIGKILL)
+            kit.signal_self("kill", rank=RANK, step=step)
         tokens, target = batch(RANK, step)
         F.cross_entropy(model(tokens), target).backward()
         optimizer.step()  # steps AdamW only if every group's reduction succeeded

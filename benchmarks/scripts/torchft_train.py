@@ -3,7 +3,7 @@ example sets it up — one replica group of one worker, a Manager talking to the
 at TORCHFT_LIGHTHOUSE, a reconfigurable ProcessGroupGloo, torchft's Optimizer wrapper.
 Runs in the benchmark's side venv (torchft installed).
 
-Env (besides model.py's and failure.py's): REPLICA_GROUP_ID, NUM_REPLICA_GROUPS,
+Env (besides model.py's, kit.py's and failure.py's): REPLICA_GROUP_ID, NUM_REPLICA_GROUPS,
 TORCHFT_LIGHTHOUSE, BENCH_MIN_REPLICAS, BENCH_PG_TIMEOUT_S, BENCH_MANAGER_TIMEOUT_S,
 BENCH_TORCHFT_PATH ("allreduce": one Manager.allreduce of all gradients; "ddp":
 torchft.DistributedDataParallel), BENCH_BARRIER_DIR (every group waits there for the
@@ -18,27 +18,26 @@ from __future__ import annotations
 import time
 
 STARTED = time.time()
+# ruff: noqa: E402  (the imports come after STARTED: a benchmark times them)
 
-import os  # noqa: E402
-from datetime import timedelta  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
+from datetime import timedelta
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-import torchft  # noqa: E402
-from failure import FAIL_RANK, FAIL_STEP, fail  # noqa: E402
-from model import STEPS, batch, build_model, emit, parameter_count  # noqa: E402
-from torch.distributed import TCPStore  # noqa: E402
+import kit
+import torch
+import torch.nn.functional as F
+import torchft
+from failure import FAIL_RANK, FAIL_STEP, fail
+from kit import emit
+from model import STEPS, batch, build_model
+from torch.distributed import TCPStore
 
-REPLICA = int(os.environ["REPLICA_GROUP_ID"])
-REPLICAS = int(os.environ["NUM_REPLICA_GROUPS"])
-MIN_REPLICAS = int(os.environ["BENCH_MIN_REPLICAS"])
-PG_TIMEOUT = timedelta(seconds=float(os.environ["BENCH_PG_TIMEOUT_S"]))
-MANAGER_TIMEOUT = timedelta(seconds=float(os.environ["BENCH_MANAGER_TIMEOUT_S"]))
-BARRIER = Path(os.environ["BENCH_BARRIER_DIR"])
-BARRIER_TIMEOUT_S = 120.0
-WRAPPER = os.environ.get("BENCH_TORCHFT_PATH", "allreduce") == "ddp"
+REPLICA = kit.env_int("REPLICA_GROUP_ID")
+REPLICAS = kit.env_int("NUM_REPLICA_GROUPS")
+MIN_REPLICAS = kit.env_int("BENCH_MIN_REPLICAS")
+PG_TIMEOUT = timedelta(seconds=kit.env_float("BENCH_PG_TIMEOUT_S"))
+MANAGER_TIMEOUT = timedelta(seconds=kit.env_float("BENCH_MANAGER_TIMEOUT_S"))
+BARRIER = kit.env_path("BENCH_BARRIER_DIR")
+WRAPPER = kit.env_str("BENCH_TORCHFT_PATH", "allreduce") == "ddp"
 
 
 def allreduce_gradients(manager: torchft.Manager, model: torch.nn.Module) -> None:
@@ -53,15 +52,6 @@ def allreduce_gradients(manager: torchft.Manager, model: torch.nn.Module) -> Non
         offset += grad.numel()
 
 
-def barrier() -> None:
-    (BARRIER / str(REPLICA)).touch()
-    deadline = time.monotonic() + BARRIER_TIMEOUT_S
-    while len(list(BARRIER.iterdir())) < REPLICAS:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"not all {REPLICAS} replica groups started")
-        time.sleep(0.01)
-
-
 def main() -> None:
     emit("started", at=STARTED)
     model = build_model()
@@ -70,14 +60,7 @@ def main() -> None:
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     pg = torchft.ProcessGroupGloo(timeout=PG_TIMEOUT)
     sgd = torch.optim.SGD(model.parameters(), lr=0.01)
-
-    def load_state_dict(state: dict[str, Any]) -> None:
-        model.load_state_dict(state["model"])
-        sgd.load_state_dict(state["optim"])
-
-    def state_dict() -> dict[str, Any]:
-        return {"model": model.state_dict(), "optim": sgd.state_dict()}
-
+    load_state_dict, state_dict = kit.state_callbacks(model, sgd)
     manager = torchft.Manager(pg=pg, min_replica_size=MIN_REPLICAS,
                               load_state_dict=load_state_dict, state_dict=state_dict,
                               replica_id=f"bench_{REPLICA}", timeout=MANAGER_TIMEOUT,
@@ -87,7 +70,7 @@ def main() -> None:
     optimizer = torchft.Optimizer(manager, sgd)
     emit("imported")
     data, target = batch(REPLICA)
-    barrier()
+    kit.file_barrier(BARRIER, str(REPLICA), REPLICAS)  # the first quorum holds every group
     while manager.current_step() < STEPS:
         step = manager.current_step()
         optimizer.zero_grad()  # starts this step's quorum
@@ -106,7 +89,7 @@ def main() -> None:
                  step=manager.current_step())
         else:
             emit("failure", rank=REPLICA, step=step)
-    emit("done", rank=REPLICA, params=parameter_count(model))
+    emit("done", rank=REPLICA, params=kit.parameter_count(model))
     manager.shutdown(wait=False)
 
 

@@ -4,11 +4,11 @@ under torchrun, as a user writes it: plain DDP on Gloo, and a torch.distributed.
 BENCH_CHECKPOINT_DIR/step-N; at start every rank loads the newest complete one (the one
 whose .metadata, written last, is there) when there is one.
 
-Env (besides model.py's): BENCH_CHECKPOINT_EVERY, BENCH_CHECKPOINT_DIR, BENCH_KILL_STEP with
-BENCH_MARKER_DIR: every rank SIGKILLs itself at the start of that step, once per rank in
-the job. Events: "started" (first line, before torch is imported, with the restart count),
-"initialized" (process group built), "synced" (checkpoint loaded: the step resumed from),
-"kill", "step" (with the save's duration), "done".
+Env (besides model.py's and kit.py's): BENCH_CHECKPOINT_EVERY, BENCH_CHECKPOINT_DIR,
+BENCH_KILL_STEP with BENCH_MARKER_DIR: every rank SIGKILLs itself at the start of that step,
+once per rank in the job. Events: "started" (first line, before torch is imported, with the
+restart count), "initialized" (process group built), "synced" (checkpoint loaded: the step
+resumed from), "kill", "step" (with the save's duration), "done".
 """
 
 from __future__ import annotations
@@ -16,26 +16,24 @@ from __future__ import annotations
 import time
 
 STARTED = time.time()
+# ruff: noqa: E402  (the imports come after STARTED: a benchmark times them)
 
-import gc  # noqa: E402
-import os  # noqa: E402
-import signal  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
+from pathlib import Path
+from typing import Any
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.distributed.checkpoint as dcp  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from model import STEPS, batch, build_model, emit, parameter_count  # noqa: E402
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict  # noqa: E402
-from torch.nn.parallel import DistributedDataParallel  # noqa: E402
+import kit
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from kit import emit
+from model import STEPS, batch, build_model, train_step
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.nn.parallel import DistributedDataParallel
 
-CHECKPOINT_EVERY = int(os.environ.get("BENCH_CHECKPOINT_EVERY", "10"))
-CHECKPOINT_DIR = Path(os.environ.get("BENCH_CHECKPOINT_DIR", "/tmp"))
-KILL_STEP = int(os.environ.get("BENCH_KILL_STEP", "-1"))
-MARKER_DIR = Path(os.environ.get("BENCH_MARKER_DIR", "/tmp"))
-RESTART = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+CHECKPOINT_EVERY = kit.env_int("BENCH_CHECKPOINT_EVERY", 10)
+CHECKPOINT_DIR = kit.env_path("BENCH_CHECKPOINT_DIR", "/tmp")
+MARKER_DIR = kit.env_path("BENCH_MARKER_DIR", "/tmp")
+RESTART = kit.env_int("TORCHELASTIC_RESTART_COUNT", 0)
 
 
 def newest_checkpoint() -> Path | None:
@@ -47,6 +45,10 @@ def full_state(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer,
                step: int) -> dict[str, Any]:
     model_state, optimizer_state = get_state_dict(ddp, optimizer)
     return {"model": model_state, "optimizer": optimizer_state, "step": torch.tensor(step)}
+
+
+def save(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, step: int) -> None:
+    dcp.save(full_state(ddp, optimizer, step), checkpoint_id=CHECKPOINT_DIR / f"step-{step}")
 
 
 def load(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer) -> int:
@@ -61,17 +63,6 @@ def load(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer) -> int:
     return int(state["step"])
 
 
-def kill_once(rank: int, step: int) -> None:
-    if step != KILL_STEP:
-        return
-    try:
-        os.close(os.open(MARKER_DIR / f"killed-{rank}", os.O_CREAT | os.O_EXCL))
-    except FileExistsError:
-        return
-    emit("kill", rank=rank, step=step)
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
 def main() -> None:
     emit("started", at=STARTED, restart=RESTART)
     model = build_model()
@@ -84,24 +75,17 @@ def main() -> None:
     emit("synced", rank=rank, step=step, restart=RESTART)
     data, target = batch(rank)
     while step < STEPS:
-        kill_once(rank, step)
-        optimizer.zero_grad()
-        F.cross_entropy(ddp(data), target).backward()
-        optimizer.step()
+        if step == kit.KILL_STEP and kit.first_time(MARKER_DIR / f"killed-{rank}"):
+            kit.signal_self("kill", rank=rank, step=step)
+        train_step(ddp, optimizer, data, target)
         step += 1
         save_s = 0.0
-        if CHECKPOINT_EVERY and step % CHECKPOINT_EVERY == 0:
-            started = time.perf_counter()
-            dcp.save(full_state(ddp, optimizer, step),
-                     checkpoint_id=CHECKPOINT_DIR / f"step-{step}")
-            save_s = time.perf_counter() - started
+        if kit.due(step, CHECKPOINT_EVERY):
+            save_s = kit.timed(save, ddp, optimizer, step)
         emit("step", rank=rank, step=step, restart=RESTART, commit_s=save_s)
-    emit("done", rank=rank, params=parameter_count(model))
-    # As torchrun_train.py: Gloo's threads can abort the process at interpreter exit.
+    emit("done", rank=rank, params=kit.parameter_count(model))
     del ddp
-    gc.collect()
-    dist.destroy_process_group()
-    gc.collect()
+    kit.close_process_group()
 
 
 if __name__ == "__main__":
