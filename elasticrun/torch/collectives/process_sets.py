@@ -26,6 +26,7 @@ from elasticrun.job.errors import NotSupportedError
 from elasticrun.torch.collectives.negotiation import negotiate
 from elasticrun.torch.collectives.requests import Kind, Request
 from elasticrun.torch.world import runtime
+from elasticrun.torch.world.groups import new_group
 from elasticrun.torch.world.place import Scope
 
 _WHY_ELASTIC = ("an elastic job's ranks change at every reset, so a fixed subset of them has "
@@ -126,8 +127,7 @@ def _build(process_set: ProcessSet) -> None:
     """The set's subgroup, built by every rank of the round (torch needs all of them)."""
     live = runtime.current()
     timeout = datetime.timedelta(seconds=live.collective_timeout)
-    process_set._group = dist.new_group(ranks=process_set._members, timeout=timeout,
-                                        use_local_synchronization=False)
+    process_set._group = new_group(process_set._members, timeout)
     process_set._round = live.round
     process_set.process_set_id = max(_registered, default=0) + 1
     _registered[process_set.process_set_id] = process_set

@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from elasticrun.torch.elastic import shards
 from elasticrun.torch.world import plane, runtime
-from elasticrun.torch.world.groups import group_count_kept
+from elasticrun.torch.world.groups import group_count_kept, new_group
 from elasticrun.torch.world.replicas import ReplicaGroups, ReplicaLayout
 from elasticrun.worker.elastic import SnapshotMissingError
 
@@ -89,7 +89,7 @@ def _sending_group(groups: ReplicaGroups, generations: Sequence[int], root: int,
             group = groups.cross if index == layout.shard_rank else None
         else:
             with group_count_kept():
-                group = dist.new_group(members, timeout=datetime.timedelta(seconds=timeout))
+                group = new_group(members, datetime.timedelta(seconds=timeout))
         if index == layout.shard_rank and layout.rank in members:
             mine = group
     return mine

@@ -7,6 +7,10 @@ condition for a safe abort). torch also wraps `sys.excepthook` at every default 
 builds (to prefix a traceback's lines with the rank): a worker builds one per round, so
 each build wraps the hook it found before elasticrun's first, once, with the current rank,
 and tearing the group down puts that hook back.
+
+The torch calls that differ between the supported releases are made here, typed alike on
+each: `new_group` (annotated in torch 2.14, its non-member result a sentinel) and the
+collective timeout's setter (public from torch 2.14, which deprecates the private one).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import contextlib
 import datetime
 import logging
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -53,7 +57,31 @@ def init_process_group(slot: SlotInfo, store: dist.Store, timeout: float) -> Non
         dist.init_process_group(backend="gloo", store=store, rank=slot.rank,
                                 world_size=slot.size,
                                 timeout=datetime.timedelta(seconds=connect_timeout(timeout)))
-    dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=timeout))
+    set_default_timeout(datetime.timedelta(seconds=timeout))
+
+
+def set_default_timeout(timeout: datetime.timedelta) -> None:
+    """The default group's collectives run under `timeout` from now on: through torch's
+    public `set_timeout` where it has one (2.14 on: it deprecates `_set_pg_timeout`, and
+    every worker would print the FutureWarning into the job's output), the private setter
+    before it."""
+    public: Callable[[datetime.timedelta], None] | None = getattr(dist, "set_timeout", None)
+    if public is not None:
+        public(timeout)
+    else:
+        dist.distributed_c10d._set_pg_timeout(timeout)
+
+
+def new_group(ranks: Sequence[int] | None, timeout: datetime.timedelta, *,
+              backend: str | None = None,
+              pg_options: dist.ProcessGroupNCCL.Options | None = None,
+              device_id: torch.device | None = None) -> dist.ProcessGroup | None:
+    """`dist.new_group` (collective: every rank of the round calls it, in the same order):
+    the group, or None on a rank outside `ranks`, where torch returns its
+    GroupMember.NON_GROUP_MEMBER sentinel (which its destroy_process_group ignores)."""
+    group = dist.new_group(ranks, timeout=timeout, backend=backend, pg_options=pg_options,
+                           device_id=device_id)
+    return group if isinstance(group, dist.ProcessGroup) else None
 
 
 @contextlib.contextmanager
@@ -88,8 +116,8 @@ def init_nccl_group(device: torch.device | None, timeout: float) -> dist.Process
     torch's group counter alone."""
     options = nccl_options(timeout)
     with group_count_kept():
-        group = dist.new_group(backend="nccl", pg_options=options, device_id=device,
-                               timeout=options._timeout)
+        group = new_group(None, options._timeout, backend="nccl", pg_options=options,
+                          device_id=device)
     assert group is not None
     return group
 

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from elasticrun import protocol
 from elasticrun.job.errors import ConfigError
-from elasticrun.torch.world.groups import abort_nccl, group_count_kept, nccl_options
+from elasticrun.torch.world.groups import abort_nccl, group_count_kept, nccl_options, new_group
 
 
 def shard_size_from_env() -> int:
@@ -91,13 +91,13 @@ class ReplicaGroups:
         shard = cross = None
         with group_count_kept():
             for replica in range(layout.num_replicas):
-                group = dist.new_group(layout.group_ranks(replica), timeout=wait,
-                                       backend=backend, pg_options=options)
+                group = new_group(layout.group_ranks(replica), wait, backend=backend,
+                                  pg_options=options)
                 if replica == layout.replica_rank:
                     shard = group
             for index in range(layout.shard_size):
-                group = dist.new_group(layout.cross_ranks(index), timeout=wait,
-                                       backend=backend, pg_options=options)
+                group = new_group(layout.cross_ranks(index), wait, backend=backend,
+                                  pg_options=options)
                 if index == layout.shard_rank:
                     cross = group
         assert shard is not None and cross is not None
