@@ -12,6 +12,7 @@ import ast
 import datetime
 import importlib.util
 import sys
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -87,7 +88,11 @@ def test_without_a_group_there_is_no_default_group() -> None:
 
 def test_set_pg_timeout(world: dist.ProcessGroup) -> None:
     """A round's Gloo group connects under a short timeout, then its collectives run under
-    the collective timeout: _set_pg_timeout(timedelta) sets it on the default group."""
+    the collective timeout: _set_pg_timeout(timedelta) sets it on the default group (on a
+    torch without the public set_timeout: groups.set_default_timeout)."""
+    if hasattr(dist, "set_timeout"):
+        pytest.skip(f"torch {torch.__version__} has dist.set_timeout: elasticrun does not use "
+                    "its deprecated _set_pg_timeout")
     setter = getattr(dist.distributed_c10d, "_set_pg_timeout", None)
     assert callable(setter), changed("_set_pg_timeout", "torch.distributed.distributed_c10d "
                                                         "no longer has it")
@@ -273,3 +278,26 @@ def test_fsdp_groups_can_be_pointed_at_a_new_group(world: dist.ProcessGroup) -> 
     model(torch.randn(3, 4))  # a forward left mid-iteration
     model.reset_iter_state()  # type: ignore[operator]
     assert all(isinstance(p, torch.distributed.tensor.DTensor) for p in model.parameters())
+
+
+# --- the calls that differ between the releases elasticrun supports (2.13, 2.14) ---------
+def test_the_default_timeout_is_set_without_a_warning(world: dist.ProcessGroup) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        groups.set_default_timeout(datetime.timedelta(seconds=3))
+    assert world._get_backend(CPU).options._timeout == datetime.timedelta(seconds=3)
+    tensor = torch.ones(2)
+    dist.all_reduce(tensor)  # the group still works under its new timeout
+    assert tensor.tolist() == [1.0, 1.0]
+
+
+def test_new_group_gives_a_member_its_group(world: dist.ProcessGroup) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        group = groups.new_group([0], datetime.timedelta(seconds=5))
+    assert isinstance(group, dist.ProcessGroup)
+    assert group.size() == 1
+    tensor = torch.ones(1)
+    dist.all_reduce(tensor, group=group)
+    assert tensor.item() == 1.0
+    dist.destroy_process_group(group)
