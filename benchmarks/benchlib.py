@@ -99,6 +99,39 @@ class ByLauncher:
         return {k: {"median": self.stat(launcher, k), "min": self.stat(launcher, k, min),
                     "max": self.stat(launcher, k, max)} for k in keys}
 
+    def span(self, launcher: str, key: str) -> str:
+        """The key's range over the launcher's finished trials: "min-max"."""
+        return f"{self.stat(launcher, key, min):.3f}-{self.stat(launcher, key, max):.3f}"
+
+    def endings(self, launcher: str) -> str:
+        """How the finished trials' jobs ended (their "exit"): "3 ok", "2 ok, 1 hung", ..."""
+        counts: dict[str, int] = {}
+        for t in self.ok(launcher):
+            counts[t["exit"]] = counts.get(t["exit"], 0) + 1
+        return ", ".join(f"{n} {how}"
+                         for how, n in sorted(counts.items(), key=lambda c: c[0] != "ok"))
+
+    def failures(self, launcher: str) -> str:
+        """The launcher's trials that did not run to their end: "N failed: <the first's
+        error>", or ""."""
+        failed = [t["error"] for t in self.trials.get(launcher, []) if "error" in t]
+        return f"{len(failed)} failed: {failed[0][:80]}" if failed else ""
+
+    def collect(self, trials: int, launchers: Sequence[str],
+                trial: Callable[[str, Path], dict[str, Any]]) -> None:
+        """`trials` rounds of one trial per launcher, each in a temporary directory of its
+        own, interleaved so that drift of the machine hits every launcher. A failure under
+        elasticrun fails the benchmark; a peer's is a result too (a trial holding "error")."""
+        for _ in range(trials):
+            for launcher in launchers:
+                with tempfile.TemporaryDirectory() as tmp:
+                    try:
+                        self.trials[launcher].append(trial(launcher, Path(tmp)))
+                    except RuntimeError as exc:
+                        if launcher == "elasticrun":
+                            raise
+                        self.trials[launcher].append({"error": str(exc)})
+
 
 def summarize(trials: Sequence[Mapping[str, float]]) -> dict[str, float]:
     """The median of every numeric key over trials."""

@@ -52,47 +52,20 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import (  # noqa: E402
-    PYTHON,
-    RESULTS,
-    SCRIPTS,
-    Jobs,
-    bench_env,
-    elasticrun_command,
-    median,
-    print_table,
-    read_events,
-    summarize,
-)
+from benchlib import RESULTS, median, print_table, read_events, summarize  # noqa: E402
+from hsdp_jobs import SHARD, hosts, run_elasticrun, run_native  # noqa: E402
 
-ER_SCRIPT = SCRIPTS / "er_hsdp_train.py"
-NATIVE_SCRIPT = SCRIPTS / "hsdp_native.py"
-HOSTS = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
-SHARD = 2
 COMMIT_EVERY = 5  # a: the kill comes 3 steps after a commit
 KILL_STEP = 8
 STEPS_AFTER_KILL = 5
 REJOIN_KILL_STEP = 6  # b, c: a commit every step before it
 WARMUP_STEPS = 5  # d
 WINDOW = 10
-JOB_TIMEOUT_S = 300.0
-STALL_S = 90.0
 TARGET = 0.95
 MODES = ("hsdp", "ddp")
 REJOIN_SIZES = ("1M", "4M", "16M")
 REJOIN_TRIALS = 1  # b, c: one job per size and group count (each joiner's sync, every commit)
 MIB = 2**20
-
-
-def hosts(groups: int) -> str:
-    return ",".join(f"{host}:{SHARD}" for host in HOSTS[:groups])
-
-
-def run_elasticrun(flags: list[str], env: dict[str, str], out: Path, what: str) -> None:
-    with Jobs() as jobs:
-        jobs.start(elasticrun_command(flags, ER_SCRIPT), bench_env({"BENCH_OUT": str(out),
-                                                                    **env}))
-        jobs.wait(JOB_TIMEOUT_S, what, progress=out, stall_s=STALL_S)
 
 
 def _first(events: list[dict[str, Any]], kind: str, after: float) -> dict[str, Any]:
@@ -233,12 +206,8 @@ def throughput_trial(kind: str, size: str, measured: int, tmp: Path) -> float:
                        {"BENCH_MODE": "hsdp", "BENCH_SIZE": size, "BENCH_STEPS": steps,
                         "BENCH_COMMIT_EVERY": str(WINDOW)}, out, "elastic HSDP job")
     else:
-        with Jobs() as jobs:
-            jobs.start([PYTHON, "-m", "torch.distributed.run", "--standalone",
-                        "--nproc-per-node", str(2 * SHARD), str(NATIVE_SCRIPT)],
-                       bench_env({"BENCH_OUT": str(out), "BENCH_SIZE": size,
-                                  "BENCH_STEPS": steps, "BENCH_SHARD_SIZE": str(SHARD)}))
-            jobs.wait(JOB_TIMEOUT_S, "torchrun HSDP job", progress=out, stall_s=STALL_S)
+        run_native({"BENCH_SIZE": size, "BENCH_STEPS": steps, "BENCH_SHARD_SIZE": str(SHARD)},
+                   out, "torchrun HSDP job")
     return steps_per_s(read_events(out), measured)
 
 

@@ -33,9 +33,7 @@ A job still running EXIT_WAIT_S after its last step is reported as "hung" at its
 from __future__ import annotations
 
 import os
-import re
 import signal
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,11 +46,23 @@ from benchlib import (
     TORCHRUN_WORKAROUND,
     ByLauncher,
     bench_env,
-    median,
     print_table,
-    read_events,
 )
 from restart_jobs import Job, parent_of, spawned_at, wait_gone, workers
+from restart_phases import (
+    DDP_DONE,
+    DDP_PHASES,
+    DDP_STEP,
+    ER_SPLIT,
+    HF_DONE,
+    HF_PHASES,
+    HF_STEP,
+    PHASE,
+    ddp_numbers,
+    driver_split,
+    fields,
+    hf_numbers,
+)
 
 LAUNCHERS = ("elasticrun", "torchrun")
 MODULES = {"elasticrun": "elasticrun", "torchrun": "torch.distributed.run"}
@@ -65,19 +75,6 @@ RESUME_TIMEOUT_S = 180.0
 FINISH_TIMEOUT_S = 240.0  # from the restarted job's first step to its last
 EXIT_WAIT_S = 10.0  # from the last step to the launcher's exit; longer: "hung" at its end
 TARGET_RATIO = 5.0
-
-DDP_PHASES = ("stop_s", "spawn_s", "interpreter_s", "imports_s", "rendezvous_s", "model_s",
-              "checkpoint_s", "first_step_s")
-HF_PHASES = ("stop_s", "spawn_s", "setup_s", "first_step_s")
-ER_SPLIT = ("noticed_s", "stopped_s")  # elasticrun's driver events, from the kill
-
-PHASE = re.compile(r"phase (\w+) ([\d.]+) restart=(\d+)(.*)$")
-DDP_STEP = re.compile(r"step (\d+) ([\d.]+) restart=(\d+)")
-HF_STEP = re.compile(r"step (\d+) rank (\d+) restart (\d+)")
-DDP_DONE = re.compile(r"phase done [\d.]+ restart=[1-9]")
-HF_DONE = re.compile(r"done steps=\d+ world=\d+")
-HF_START = re.compile(r"start resumed_from=(\d+) world=(\d+)")
-FIELD = re.compile(r"(\w+)=(\S+)")
 
 
 @dataclass(frozen=True)
@@ -135,9 +132,9 @@ def trial(launcher: str, case: Case, tmp: Path) -> dict[str, Any]:
         ended = job.ended(EXIT_WAIT_S)
         lines = list(job.lines)
     marks = {"killed": killed, "gone": gone, "spawned": spawned, "resumed": resumed}
-    numbers = _hf_numbers(lines, marks) if case.hf else _ddp_numbers(lines, marks)
+    numbers = hf_numbers(lines, marks) if case.hf else ddp_numbers(lines, marks)
     if launcher == "elasticrun":
-        numbers.update(_driver_split(event_log, killed))
+        numbers.update(driver_split(event_log, killed))
     return {**numbers, "exit": ended}
 
 
@@ -154,7 +151,7 @@ def _victim(job: Job, launcher: str, case: Case) -> tuple[int, list[int]]:
                             lambda t, m: m.group(1) == "start" and "rank=1" in m.group(4))
     job.wait_for(DDP_STEP, START_TIMEOUT_S, what)
     old = workers(job.tag, launcher, case.script)
-    pid = int(_fields(start.group(4))["pid"])
+    pid = int(fields(start.group(4))["pid"])
     if pid not in old or len(old) != 2:
         raise RuntimeError(f"{what}: rank 1's pid {pid} is not one of the workers {old}")
     return pid, old
@@ -186,64 +183,6 @@ def _first_step_after(job: Job, case: Case) -> float:
     return float(match.group(2))
 
 
-def _fields(text: str) -> dict[str, str]:
-    return dict(FIELD.findall(text))
-
-
-def _ddp_numbers(lines: list[tuple[float, str]], marks: dict[str, float]) -> dict[str, Any]:
-    phases: dict[str, tuple[float, dict[str, str]]] = {}
-    last_step, after = 0, []
-    for _, line in lines:
-        if (match := PHASE.search(line)) and match.group(3) == "1":
-            fields = _fields(match.group(4))
-            if match.group(1) != "start" or fields.get("rank") == "0":
-                phases.setdefault(match.group(1), (float(match.group(2)), fields))
-        elif step := DDP_STEP.search(line):
-            if step.group(3) == "0":
-                last_step = max(last_step, int(step.group(1)))
-            else:
-                after.append(float(step.group(2)))
-    at = {name: stamp for name, (stamp, _) in phases.items()}
-    resumed_from = int(phases["checkpoint"][1]["step"])
-    chain = [marks["killed"], marks["gone"], marks["spawned"], at["start"], at["imports"],
-             at["init"], at["model"], at["checkpoint"], marks["resumed"]]
-    breakdown = {name: b - a for name, a, b in zip(DDP_PHASES, chain, chain[1:], strict=False)}
-    return {"resume_s": marks["resumed"] - marks["killed"], **breakdown,
-            "steps_lost": last_step - resumed_from, "resumed_from": resumed_from,
-            "steady_step_s": _steady(after), "params": int(phases["model"][1]["params"])}
-
-
-def _hf_numbers(lines: list[tuple[float, str]], marks: dict[str, float]) -> dict[str, Any]:
-    killed = marks["killed"]
-    last_step = max(int(m.group(1)) for _, line in lines
-                    if (m := HF_STEP.search(line)) and m.group(2) == "0" and m.group(3) == "0")
-    started, resumed_from = next((t, int(m.group(1))) for t, line in lines
-                                 if t > killed and (m := HF_START.search(line)))
-    after = [t for t, line in lines
-             if (m := HF_STEP.search(line)) and m.group(2) == "0" and m.group(3) == "1"]
-    chain = [killed, marks["gone"], marks["spawned"], started, marks["resumed"]]
-    breakdown = {name: b - a for name, a, b in zip(HF_PHASES, chain, chain[1:], strict=False)}
-    return {"resume_s": marks["resumed"] - killed, **breakdown,
-            "steps_lost": last_step - resumed_from, "resumed_from": resumed_from,
-            "steady_step_s": _steady(after)}
-
-
-def _steady(steps: list[float]) -> float:
-    """The median interval between the restarted job's steps, its first step left out."""
-    intervals = [b - a for a, b in zip(steps[1:], steps[2:], strict=False)]
-    return median(intervals) if intervals else 0.0
-
-
-def _driver_split(event_log: Path, killed: float) -> dict[str, float]:
-    """From elasticrun's event log: kill -> the driver's restart decision -> the new round
-    (every old worker stopped)."""
-    events = [e for e in read_events(event_log) if e["time"] > killed]
-    restarting = next(e["time"] for e in events if e["type"] == "round_restarting")
-    opened = next(e["time"] for e in events
-                  if e["type"] == "round_started" and e["time"] >= restarting)
-    return {"noticed_s": restarting - killed, "stopped_s": opened - killed}
-
-
 # --- the benchmark ------------------------------------------------------------------------
 @dataclass
 class Results(ByLauncher):
@@ -269,53 +208,31 @@ class Results(ByLauncher):
 
 def run_case(case: Case, trials: int) -> Results:
     results = Results(case, {launcher: [] for launcher in LAUNCHERS})
-    for _ in range(trials):  # interleaved, so that drift of the machine hits both
-        for launcher in LAUNCHERS:
-            with tempfile.TemporaryDirectory() as tmp:
-                try:
-                    results.trials[launcher].append(trial(launcher, case, Path(tmp)))
-                except RuntimeError as exc:
-                    if launcher == "elasticrun":
-                        raise
-                    results.trials[launcher].append({"error": str(exc)})
+    results.collect(trials, LAUNCHERS, lambda launcher, tmp: trial(launcher, case, tmp))
     return results
-
-
-def _spread(results: Results, launcher: str, key: str) -> str:
-    return (f"{results.stat(launcher, key, min):.3f}-"
-            f"{results.stat(launcher, key, max):.3f}")
 
 
 def headline_rows(all_results: list[Results]) -> list[list[Any]]:
     rows: list[list[Any]] = []
     for results in all_results:
         for launcher in LAUNCHERS:
-            failed = [t["error"] for t in results.trials[launcher] if "error" in t]
-            note = f"{len(failed)} failed: {failed[0][:80]}" if failed else ""
+            note = results.failures(launcher)
             if not results.ok(launcher):
                 rows.append([results.case.name, launcher, "-", "-", "-", "-", "-", note])
                 continue
             ratio = "" if launcher == "elasticrun" or not results.ok("elasticrun") else \
                 f"{results.ratio():.1f}x"
             rows.append([results.case.name, launcher, results.stat(launcher, "resume_s"),
-                         _spread(results, launcher, "resume_s"), ratio,
-                         int(results.stat(launcher, "steps_lost")), _endings(results, launcher),
+                         results.span(launcher, "resume_s"), ratio,
+                         int(results.stat(launcher, "steps_lost")), results.endings(launcher),
                          note])
     return rows
-
-
-def _endings(results: Results, launcher: str) -> str:
-    """How the jobs ended after their last step: "3 ok", "2 ok, 1 hung", ..."""
-    counts: dict[str, int] = {}
-    for t in results.ok(launcher):
-        counts[t["exit"]] = counts.get(t["exit"], 0) + 1
-    return ", ".join(f"{n} {how}" for how, n in sorted(counts.items(), key=lambda c: c[0] != "ok"))
 
 
 def _pair(results: Results, launcher: str, key: str) -> list[Any]:
     if not results.ok(launcher):
         return ["-", "-"]
-    return [results.stat(launcher, key), _spread(results, launcher, key)]
+    return [results.stat(launcher, key), results.span(launcher, key)]
 
 
 def breakdown_rows(results: Results) -> list[list[Any]]:
@@ -328,7 +245,7 @@ def breakdown_rows(results: Results) -> list[list[Any]]:
                  *_pair(results, "torchrun", "steady_step_s")])
     for key in ER_SPLIT:
         rows.append([f"(er: kill -> {key.removesuffix('_s')})", results.stat("elasticrun", key),
-                     _spread(results, "elasticrun", key), "", ""])
+                     results.span("elasticrun", key), "", ""])
     return rows
 
 

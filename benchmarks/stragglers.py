@@ -37,172 +37,42 @@ shorter runs, one trial.
 
 from __future__ import annotations
 
-import os
-import re
 import tempfile
 import time
-from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from benchlib import REPO, Tail, bench_env, elasticrun_command, median, print_table, read_events
-from restart_jobs import Job, stat_fields, workers
+from stragglers_jobs import (
+    COST_MODES,
+    COST_STEP_S,
+    EVICT_FLAGS,
+    FULL,
+    HOSTS,
+    QUICK,
+    SIZE,
+    STEP_S,
+    TRAIN_SCRIPT,
+    Case,
+    PacedJob,
+    Timing,
+    cases,
+    gone,
+    sleep_until,
+)
+from stragglers_report import (
+    cost_summary,
+    detection_summary,
+    print_cost,
+    print_detection,
+    print_quiet,
+    quiet_summary,
+)
 
-PACED = REPO / "tests" / "integration" / "scripts"
-TRAIN_SCRIPT = PACED / "paced_train.py"
-DDP_SCRIPT = PACED / "paced_ddp.py"
-HOSTS = "localhost:2,127.0.0.1:2"
-SIZE = 4
-EVICT_FLAGS = ("--min-np", "2", "--blacklist-cooldown-range", "600", "600")
-STEP_S = 0.1  # the scripts' default "device time" per step
-COST_STEP_S = 0.02
 WARM_S = 2.0  # the cost runs' first seconds, left out of their rate
-START_TIMEOUT_S = 180.0  # launch -> rank 0's first step
 ROUND_TIMEOUT_S = 60.0  # eviction -> the round at the smaller size
-EXIT_WAIT_S = 30.0  # stop -> the launcher's exit; longer: "hung"
 DETECTED_AFTER_S = 2.0  # a detection-only run goes on this long after its event
-COST_MODES = ("off", "report")
-
-# "step N rank R size W [host H pid P] t=T", after elasticrun's "[rank]<stdout>:" prefix
-STEP = re.compile(r"step (\d+) rank (\d+) size (\d+)(?: host \S+ pid \d+)? t=([\d.]+)")
-
-
-@dataclass(frozen=True)
-class Timing:
-    """How long each part's runs last (seconds)."""
-
-    steady_s: float  # training before the slowdown
-    after_s: float  # kept on after the eviction
-    hold_s: float  # after the slowdown when nobody is evicted
-    cost_s: float  # each cost run
-    quiet_s: float  # the false-alarm run
-    pause_at_s: float  # its one-off pause of one worker
-    slow_all_at_s: float  # its job-wide slowdown
-    slow_all_s: float = 15.0
-    pause_s: float = 4.0
-    slow_all: float = 3.0
-
-
-FULL = Timing(steady_s=8, after_s=15, hold_s=40, cost_s=20, quiet_s=60, pause_at_s=10,
-              slow_all_at_s=25)
-QUICK = Timing(steady_s=4, after_s=5, hold_s=25, cost_s=6, quiet_s=18, pause_at_s=2,
-               slow_all_at_s=7, slow_all_s=10)
-
-
-@dataclass(frozen=True)
-class Case:
-    """One slowed worker: its factor, the script, the --stragglers mode."""
-
-    factor: float
-    script: Path
-    mode: str
-
-    @property
-    def key(self) -> str:
-        return f"{'ddp-' if self.script == DDP_SCRIPT else ''}{self.factor:g}x"
-
-    @property
-    def detect_only(self) -> bool:
-        return self.mode != "evict"
-
-
-def cases(quick: bool) -> list[Case]:
-    """Quick: the 5x case alone (the torchrun-style one is tests/integration's too)."""
-    if quick:
-        return [Case(5.0, TRAIN_SCRIPT, "evict")]
-    return [*(Case(f, TRAIN_SCRIPT, "evict") for f in (1.5, 2.0, 5.0)),
-            Case(5.0, DDP_SCRIPT, "report")]
-
-
-# --- a paced job --------------------------------------------------------------------------
-class PacedJob:
-    """A paced script under elasticrun: its step lines, its events, its control files."""
-
-    def __init__(self, tmp: Path, script: Path, mode: str, step_s: float = STEP_S) -> None:
-        self.script = script
-        self.control = tmp / "control"
-        self.control.mkdir()
-        self.events = tmp / "events.jsonl"
-        self._tail = Tail(self.events)
-        self._seen: list[dict[str, Any]] = []
-        flags = ["-np", str(SIZE), "-H", HOSTS, "--event-log", str(self.events),
-                 "--stragglers", mode, *(EVICT_FLAGS if mode == "evict" else ())]
-        self.job = Job([*elasticrun_command(flags, script), "--control", str(self.control),
-                        "--step-s", f"{step_s:g}"], bench_env({"PYTHONUNBUFFERED": "1"}))
-
-    def __enter__(self) -> PacedJob:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.job.__exit__(*exc)
-
-    def started(self) -> float:
-        """The time of rank 0's first step."""
-        _, match = self.job.wait_for(STEP, START_TIMEOUT_S, "the first step",
-                                     lambda t, m: m.group(2) == "0")
-        return float(match.group(4))
-
-    def victim(self) -> int:
-        """The newest worker (in practice rank 3, on 127.0.0.1)."""
-        found = workers(self.job.tag, "elasticrun", self.script)
-        if len(found) != SIZE:
-            raise RuntimeError(f"found workers {found}, expected {SIZE}: {self.job.tail()}")
-        return found[-1]
-
-    def write(self, name: str, text: str = "") -> float:
-        """A control file written whole (the workers read it at every step); its time."""
-        part = self.control / f".{name}.part"
-        part.write_text(text)
-        os.replace(part, self.control / name)
-        return time.time()
-
-    def remove(self, name: str) -> None:
-        (self.control / name).unlink(missing_ok=True)
-
-    def wait_event(self, kind: str, after: float, until: float) -> dict[str, Any] | None:
-        """The first event `kind` later than `after`, waited for up to time `until`
-        (time.time()); None if none came by then."""
-        while True:
-            self._seen += self._tail.read()
-            found = [e for e in self._seen if e["type"] == kind and e["time"] > after]
-            if found:
-                return found[0]
-            if self.job.proc.poll() is not None:
-                raise RuntimeError(f"the job ended waiting for {kind}: {self.job.tail()}")
-            if time.time() > until:
-                return None
-            time.sleep(0.1)
-
-    def stop(self) -> str:
-        """Training ended (DIR/stop); how the launcher ends ("ok", "exit N", "hung")."""
-        self.write("stop")
-        return self.job.ended(EXIT_WAIT_S)
-
-    def steps(self) -> list[tuple[int, int, float]]:
-        """(rank, size, time) of every step line."""
-        return [(int(m.group(2)), int(m.group(3)), float(m.group(4)))
-                for _, line in list(self.job.lines) if (m := STEP.search(line))]
-
-    def rate(self, start: float, end: float, size: int | None = None) -> float | None:
-        """Rank 0's steps a second between the two times (at world `size`); None with
-        fewer than 3 steps there."""
-        times = [t for rank, n, t in self.steps()
-                 if rank == 0 and start <= t <= end and size in (None, n)]
-        return (len(times) - 1) / (times[-1] - times[0]) if len(times) >= 3 else None
-
-    def count(self, kind: str) -> int:
-        return sum(1 for e in read_events(self.events) if e["type"] == kind)
-
-
-def sleep_until(moment: float) -> None:
-    time.sleep(max(0.0, moment - time.time()))
-
-
-def gone(pid: int) -> bool:
-    stat = stat_fields(pid)
-    return stat is None or stat[0] in "ZX"
 
 
 def ratio(top: float | None, bottom: float | None) -> float | None:
@@ -329,99 +199,6 @@ def run_quiet(timing: Timing, trials: int) -> list[dict[str, Any]]:
         with tempfile.TemporaryDirectory() as tmp:
             found.append(quiet_trial(timing, Path(tmp)))
     return found
-
-
-# --- summaries and tables -----------------------------------------------------------------
-def middle(trials: Sequence[dict[str, Any]], key: str) -> float | None:
-    """The median of a key over the trials that have a number for it."""
-    values = [t[key] for t in trials if isinstance(t.get(key), (int, float))
-              and not isinstance(t.get(key), bool)]
-    return median(values) if values else None
-
-
-def tally(trials: Sequence[dict[str, Any]], key: str) -> str:
-    """A key's values and how many trials had each: "evicted" or "kept x1, evicted x2"."""
-    counts = Counter(str(t[key]) for t in trials)
-    if len(counts) == 1:
-        return next(iter(counts))
-    return ", ".join(f"{value} x{n}" for value, n in sorted(counts.items()))
-
-
-DETECTION_KEYS = ("detection_s", "slowdown", "projected_gain", "eviction_s",
-                  "before_steps_per_s", "while_steps_per_s", "after_steps_per_s", "speedup")
-
-
-def detection_summary(trials: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"detected": sum(t["detected"] for t in trials), "trials": len(trials),
-            "action": tally(trials, "action"), "exit": tally(trials, "exit"),
-            **{key: middle(trials, key) for key in DETECTION_KEYS}}
-
-
-def _number(value: float | None) -> float | str:
-    return "-" if value is None else value
-
-
-def detection_rows(results: dict[str, dict[str, Any]], all_cases: list[Case]
-                   ) -> list[list[Any]]:
-    rows = []
-    for case in all_cases:
-        s = results[case.key]["summary"]
-        rows.append([f"{case.factor:g}x", case.script.name, case.mode,
-                     f"{s['detected']}/{s['trials']}", *(
-                         _number(s[k]) for k in DETECTION_KEYS[:4]), s["action"],
-                     *(_number(s[k]) for k in DETECTION_KEYS[4:]), s["exit"]])
-    return rows
-
-
-def print_detection(results: dict[str, dict[str, Any]], all_cases: list[Case],
-                    timing: Timing, trials: int) -> None:
-    print_table(f"stragglers: one of 4 workers (2 hosts x 2 on loopback) slowed after "
-                f"{timing.steady_s:g} s of training (--step-s {STEP_S:g}); --stragglers "
-                f"evict {' '.join(EVICT_FLAGS)} (DDP: report); median of {trials}",
-                ["slowed", "script", "mode", "detected", "detect s", "slowdown", "gain",
-                 "evict s", "action", "before st/s", "while st/s", "after st/s",
-                 "after/while", "exit"],
-                detection_rows(results, all_cases))
-    print("  detect s: slowdown -> `straggler` event; slowdown, gain, action: the event's; "
-          "evict s: slowdown -> the round at world size 3; before: steps/s at 4 before the "
-          "slowdown; while: at 4 after it; after: at 3 after the eviction")
-
-
-def cost_summary(trials: list[dict[str, Any]]) -> dict[str, Any]:
-    ratios = [t["ratio"] for t in trials if t["ratio"] is not None]
-    return {**{f"{mode}_steps_per_s": middle([t[mode] for t in trials], "steps_per_s")
-               for mode in COST_MODES},
-            "ratio": median(ratios) if ratios else None,
-            "ratio_min": min(ratios, default=None), "ratio_max": max(ratios, default=None)}
-
-
-def print_cost(summary: dict[str, Any], timing: Timing, trials: int) -> None:
-    spread = "" if summary["ratio_min"] is None else \
-        f"{summary['ratio_min']:.3f}-{summary['ratio_max']:.3f}"
-    print_table(f"stragglers: the measurement's cost, elasticrun.torch script, --step-s "
-                f"{COST_STEP_S:g}, no slowdown, {timing.cost_s:g} s a run, order alternating; "
-                f"median of {trials}",
-                ["off steps/s", "report steps/s", "report/off", "min-max"],
-                [[_number(summary["off_steps_per_s"]), _number(summary["report_steps_per_s"]),
-                  _number(summary["ratio"]), spread]])
-
-
-def quiet_summary(trials: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"stragglers": sum(t["stragglers"] for t in trials),
-            "cleared": sum(t["cleared"] for t in trials), "trials": len(trials),
-            "exit": tally(trials, "exit"), "pause_taken": tally(trials, "pause_taken"),
-            "steps_per_s": middle(trials, "steps_per_s")}
-
-
-def print_quiet(summary: dict[str, Any], timing: Timing) -> None:
-    print_table(f"stragglers: false alarms, --stragglers report, {timing.quiet_s:g} s: one "
-                f"worker paused {timing.pause_s:g} s at {timing.pause_at_s:g} s, every "
-                f"worker {timing.slow_all:g}x slower from {timing.slow_all_at_s:g} s for "
-                f"{timing.slow_all_s:g} s",
-                ["runs", "straggler events", "cleared events", "pause taken", "steps/s",
-                 "exit"],
-                [[summary["trials"], summary["stragglers"], summary["cleared"],
-                  summary["pause_taken"], _number(summary["steps_per_s"]), summary["exit"]]])
 
 
 # --- the benchmark ------------------------------------------------------------------------
