@@ -16,11 +16,12 @@ import json
 import sys
 
 from aiohttp import web
-from kit import raise_open_files_limit, report_cpu_per_line
+from kit import report_cpu_per_line
 
 from elasticrun import protocol
 from elasticrun.driver.server.app import LISTEN_BACKLOG
 from elasticrun.driver.server.gc_policy import pace_for_serving
+from elasticrun.system.process_setup import raise_open_file_limit
 
 
 class Barrier:
@@ -58,5 +59,5 @@ async def serve(workers: int) -> None:
 
 
 if __name__ == "__main__":
-    raise_open_files_limit()
+    raise_open_file_limit()
     asyncio.run(serve(int(sys.argv[1])))

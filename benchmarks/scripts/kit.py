@@ -160,14 +160,6 @@ def file_barrier(directory: Path, name: str, count: int, timeout_s: float = 120.
 # -- the servers of the rendezvous benchmark ---------------------------------------------
 
 
-def raise_open_files_limit() -> None:
-    """The soft limit on open files raised to the hard one: a server of many workers."""
-    import resource
-
-    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-
-
 async def report_cpu_per_line() -> None:
     """The servers' stdin protocol: for each line read, the CPU seconds this process spent
     since the last one, printed; returns when stdin closes."""

@@ -20,7 +20,7 @@ import os
 import sys
 import time
 
-from kit import raise_open_files_limit, report_cpu_per_line
+from kit import report_cpu_per_line
 
 from elasticrun import protocol
 from elasticrun.driver.processes.records import new_worker_id
@@ -31,6 +31,7 @@ from elasticrun.driver.rounds.machine import RoundMachine
 from elasticrun.driver.rounds.state import JobPhase, Round, WorkerRecord
 from elasticrun.driver.server.app import WorkerServer
 from elasticrun.job.config import DriverConfig
+from elasticrun.system.process_setup import raise_open_file_limit
 
 SLOTS_PER_HOST = 8
 
@@ -82,7 +83,7 @@ async def serve(workers: int, profile: cProfile.Profile | None) -> None:
 
 
 def main() -> None:
-    raise_open_files_limit()
+    raise_open_file_limit()
     profile_path = os.environ.get("BENCH_PROFILE")
     profile = cProfile.Profile(time.process_time) if profile_path else None
     asyncio.run(serve(int(sys.argv[1]), profile))
